@@ -1,0 +1,142 @@
+"""The engine core: requests in, one scheduler + runner step at a time, RequestOutputs out.
+
+Synchronous and single-threaded; `engine_loop.EngineLoop` runs it on its own thread for servers,
+`llm.LLM` drives it directly for batch jobs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from paddle_llm_engine.block_manager import BlockManager
+from paddle_llm_engine.config import EngineConfig, ModelConfig
+from paddle_llm_engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from paddle_llm_engine.errors import InvalidRequestError
+from paddle_llm_engine.outputs import RequestOutput
+from paddle_llm_engine.platforms import resolve_device
+from paddle_llm_engine.runner import create_runner
+from paddle_llm_engine.sampling_params import SamplingParams
+from paddle_llm_engine.scheduler import Scheduler
+from paddle_llm_engine.sequence import Sequence
+from paddle_llm_engine.tokenizer import load_tokenizer
+
+log = logging.getLogger(__name__)
+
+
+class _RequestState:
+    """Per-request output side: detokenizer, stop-string matcher, tokens not yet reported."""
+
+    def __init__(self, seq: Sequence, tokenizer):
+        self.seq = seq
+        self.detok = IncrementalDetokenizer(tokenizer, seq.token_ids, seq.params.skip_special_tokens)
+        self.stops = StopStringMatcher(seq.params.stop)
+        self.unreported: list[int] = []
+
+
+class LLMEngine:
+    """One engine bound to one device.
+
+    Raises ValueError at construction for bad settings (naming them), and InvalidRequestError from
+    add_request for bad requests.
+    """
+
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.model_config = ModelConfig.from_dir(config.model_dir)
+        config.validate(self.model_config)
+        self.device = resolve_device(config.device, config.device_id)
+        t0 = time.monotonic()
+        self.runner = create_runner(config, self.model_config, self.device)
+        self.tokenizer = load_tokenizer(config.model_dir)
+        self.block_manager = BlockManager(self.runner.num_kv_blocks, config.block_size)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
+                                   config.max_model_len)
+        self.requests: dict[str, _RequestState] = {}
+        self.num_steps = 0
+        log.info("engine ready on %s in %.1f s: max_model_len %d, max_num_seqs %d, max_num_batched_tokens %d, "
+                 "max concurrent tokens %d", self.device, time.monotonic() - t0, config.max_model_len,
+                 config.max_num_seqs, config.max_num_batched_tokens,
+                 self.runner.num_kv_blocks * config.block_size)
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """Default EOS ids: generation_config.json, else config.json, else the tokenizer's."""
+        if self.model_config.eos_token_ids:
+            return self.model_config.eos_token_ids
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        return [eos] if eos is not None else []
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    arrival_time: float | None = None) -> None:
+        """Queue a request. Raises InvalidRequestError (field named) or ValueError (duplicate id)."""
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in flight")
+        n = len(prompt_token_ids)
+        limit = self.config.max_model_len
+        if n == 0:
+            raise InvalidRequestError("text_input", "the prompt is empty (0 tokens)")
+        if n >= limit:
+            raise InvalidRequestError(
+                "text_input", f"the prompt has {n} tokens; max_model_len is {limit}, which leaves no room "
+                              f"for output (the prompt must be at most {limit - 1} tokens)")
+        params.validate(self.model_config.vocab_size)
+        max_tokens = params.max_tokens if params.max_tokens is not None else limit - n
+        if n + max_tokens > limit:
+            raise InvalidRequestError(
+                "max_tokens", f"prompt ({n} tokens) + max_tokens ({max_tokens}) exceeds max_model_len ({limit})")
+        eos = params.eos_token_ids if params.eos_token_ids is not None else self.eos_token_ids
+        seq = Sequence(request_id, prompt_token_ids, params, max_tokens, eos, arrival_time)
+        self.requests[request_id] = _RequestState(seq, self.tokenizer)
+        self.scheduler.add(seq)
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Stop a request and free its KV blocks now. Returns its final output, or None if unknown."""
+        st = self.requests.pop(request_id, None)
+        if st is None:
+            return None
+        self.scheduler.finish(st.seq, "abort")
+        return self._output(st, "", finished=True)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run the model once, and return an output for every request that advanced."""
+        sched = self.scheduler.schedule()
+        if not sched.scheduled:
+            return []
+        result = self.runner.execute(sched.scheduled)
+        self.num_steps += 1
+        for s in sched.scheduled:
+            s.seq.num_computed_tokens += s.num_new_tokens
+        outputs = []
+        for s, token in zip(result.sampled, result.token_ids.tolist()):
+            seq = s.seq
+            st = self.requests.get(seq.request_id)
+            if st is None:  # aborted between schedule and now
+                continue
+            seq.append_token(token)
+            st.unreported.append(token)
+            reason = seq.check_stop(self.config.max_model_len)
+            text, stopped = st.stops.push(st.detok.add([token]))
+            if stopped:
+                reason = "stop"
+            elif reason is not None:
+                tail, stopped = st.stops.push(st.detok.flush())
+                text += tail if stopped else tail + st.stops.flush()
+                reason = "stop" if stopped else reason
+            if reason is not None:
+                self.scheduler.finish(seq, reason)
+                del self.requests[seq.request_id]
+            outputs.append(self._output(st, text, finished=reason is not None, reason=reason))
+        return outputs
+
+    def _output(self, st: _RequestState, text: str, finished: bool, reason: str | None = None) -> RequestOutput:
+        seq = st.seq
+        ids, st.unreported = st.unreported, []
+        return RequestOutput(
+            request_id=seq.request_id, text=text, token_ids=ids, finished=finished,
+            finish_reason=reason if finished else None, num_prompt_tokens=seq.num_prompt_tokens,
+            num_output_tokens=seq.num_output_tokens, arrival_time=seq.arrival_time,
+            first_scheduled_time=seq.first_scheduled_time, num_preemptions=seq.num_preemptions)

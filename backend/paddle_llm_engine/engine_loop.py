@@ -1,0 +1,121 @@
+"""Run an LLMEngine on its own thread so that callers (Triton's execute()) never block on it.
+
+Callers submit and abort from any thread; commands reach the engine thread through a queue and
+are applied between steps. Each request's outputs go to the callback given at submission, called
+on the engine thread: callbacks must be quick (the Triton glue only enqueues).
+If a step raises, every request in flight gets an error output, the loop stops, and `healthy`
+turns False (the Triton model then reports not ready).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import traceback
+from typing import Callable
+
+from paddle_llm_engine.engine import LLMEngine
+from paddle_llm_engine.errors import EngineDeadError
+from paddle_llm_engine.outputs import RequestOutput
+from paddle_llm_engine.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+OutputCallback = Callable[[RequestOutput], None]
+
+
+class EngineLoop:
+    """Thread owner of one LLMEngine. Thread-safe submit / abort / shutdown."""
+
+    def __init__(self, engine: LLMEngine, on_step: Callable[[LLMEngine, float], None] | None = None):
+        self.engine = engine
+        self.on_step = on_step  # called after each step with (engine, step seconds), e.g. metrics
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._callbacks: dict[str, OutputCallback] = {}
+        self._stopping = False
+        self.error: str | None = None
+        self._thread = threading.Thread(target=self._run, name="llm-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def healthy(self) -> bool:
+        return self.error is None and self._thread.is_alive()
+
+    def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+               callback: OutputCallback) -> None:
+        """Queue a request. Validation errors arrive through the callback as finish_reason "error"
+        with `error` naming the field, so that the caller has one path for every outcome.
+        Raises EngineDeadError when the engine has failed."""
+        if not self.healthy:
+            raise EngineDeadError(f"engine is not running: {self.error or 'stopped'}")
+        self._commands.put(("add", request_id, prompt_token_ids, params, callback, time.monotonic()))
+
+    def abort(self, request_id: str) -> None:
+        self._commands.put(("abort", request_id))
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        self._stopping = True
+        self._commands.put(("stop",))
+        self._thread.join(timeout)
+
+    # -- engine thread ---------------------------------------------------------------------------
+    def _apply(self, cmd) -> None:
+        kind = cmd[0]
+        if kind == "add":
+            _, rid, ids, params, cb, t = cmd
+            try:
+                self.engine.add_request(rid, ids, params, arrival_time=t)
+            except ValueError as e:  # InvalidRequestError included
+                field = getattr(e, "field", None)
+                cb(RequestOutput(request_id=rid, finished=True, finish_reason="error", error=str(e),
+                                 num_prompt_tokens=len(ids), arrival_time=t))
+                if field is None:
+                    log.warning("request %s rejected: %s", rid, e)
+                return
+            self._callbacks[rid] = cb
+        elif kind == "abort":
+            out = self.engine.abort_request(cmd[1])
+            cb = self._callbacks.pop(cmd[1], None)
+            if out is not None and cb is not None:
+                cb(out)
+
+    def _run(self) -> None:
+        while not self._stopping:
+            try:
+                block = not self.engine.has_unfinished_requests()
+                cmd = self._commands.get(block=block) if block else self._commands.get_nowait()
+                while True:
+                    if cmd[0] == "stop":
+                        return
+                    self._apply(cmd)
+                    cmd = self._commands.get_nowait()
+            except queue.Empty:
+                pass
+            if not self.engine.has_unfinished_requests():
+                continue
+            try:
+                t0 = time.monotonic()
+                outputs = self.engine.step()
+                dt = time.monotonic() - t0
+            except Exception as e:  # engine failure: fail everyone, stop, report not ready
+                self.error = f"{type(e).__name__}: {e}"
+                log.error("engine step failed, failing %d requests:\n%s", len(self._callbacks),
+                          traceback.format_exc())
+                for rid, cb in list(self._callbacks.items()):
+                    cb(RequestOutput(request_id=rid, finished=True, finish_reason="error",
+                                     error=f"engine failure: {self.error}"))
+                self._callbacks.clear()
+                return
+            for out in outputs:
+                cb = self._callbacks.get(out.request_id)
+                if cb is None:
+                    continue
+                if out.finished:
+                    del self._callbacks[out.request_id]
+                try:
+                    cb(out)
+                except Exception:
+                    log.exception("output callback of request %s failed", out.request_id)
+            if self.on_step is not None:
+                self.on_step(self.engine, dt)

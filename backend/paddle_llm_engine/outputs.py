@@ -1,0 +1,29 @@
+"""What the engine hands back to its caller for a request after a step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestOutput:
+    """Delta since the previous output of the same request.
+
+    text: newly emitted text (may be "" while characters or stop-string prefixes are held back).
+    token_ids: tokens sampled since the previous output (the stop token included).
+    finish_reason: "stop" | "length" | "abort" | "error" when finished, else None.
+    error: message when finish_reason is "error".
+    Times are time.monotonic() seconds.
+    """
+
+    request_id: str
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finished: bool = False
+    finish_reason: str | None = None
+    error: str | None = None
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    arrival_time: float = 0.0
+    first_scheduled_time: float | None = None
+    num_preemptions: int = 0

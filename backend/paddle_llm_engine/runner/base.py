@@ -1,0 +1,130 @@
+"""Model runner base: owns the model and the KV cache on one device, runs one engine step.
+
+A step takes the scheduler's list of (sequence, number of new tokens), packs those tokens without
+padding (decodes first, then prompt chunks), builds the attention metadata, runs the model, and
+samples one token for every sequence whose step reached its last token.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import paddle
+
+from paddle_llm_engine.config import EngineConfig, ModelConfig
+from paddle_llm_engine.models import build_model
+from paddle_llm_engine.models.attention_metadata import AttentionMetadata, PrefillChunk
+from paddle_llm_engine.sampler import sample
+from paddle_llm_engine.scheduler import ScheduledSeq
+from paddle_llm_ops import gather_last_tokens
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepResult:
+    sampled: list[ScheduledSeq]   # the entries that produced a token, in order
+    token_ids: np.ndarray         # [len(sampled)] int64
+    logits: np.ndarray | None = None  # [len(sampled), V] fp32 when requested (tests, logprobs)
+
+
+class ModelRunnerBase:
+    """Device-independent runner. Subclasses set the place and may swap in fused ops."""
+
+    def __init__(self, engine_config: EngineConfig, model_config: ModelConfig, device: str):
+        self.config = engine_config
+        self.model_config = model_config
+        self.device = device
+        self.block_size = engine_config.block_size
+        self.setup_device()
+        self.model = build_model(model_config)
+        self.model.load_weights(engine_config.model_dir)
+        self.num_kv_blocks = self._num_kv_blocks()
+        self.kv_caches = self._allocate_kv_cache(self.num_kv_blocks)
+
+    # -- device hooks -------------------------------------------------------------------------
+    def setup_device(self) -> None:
+        paddle.set_device(self.device)
+
+    def available_kv_bytes(self) -> int:
+        """Bytes the KV cache may take when no explicit block count is set."""
+        return self.config.kv_cache_memory_bytes
+
+    # -- KV cache --------------------------------------------------------------------------------
+    def kv_bytes_per_block(self) -> int:
+        m = self.model_config
+        return 2 * m.num_hidden_layers * self.block_size * m.num_key_value_heads * m.head_dim * 4
+
+    def _num_kv_blocks(self) -> int:
+        n = self.config.num_kv_blocks or self.available_kv_bytes() // self.kv_bytes_per_block()
+        per_seq = -(-self.config.max_model_len // self.block_size)
+        if n < per_seq:
+            raise ValueError(
+                f"KV cache of {n} blocks x {self.block_size} tokens cannot hold one sequence of "
+                f"max_model_len {self.config.max_model_len}: raise kv_cache_memory_bytes / num_kv_blocks "
+                f"or lower max_model_len"
+            )
+        log.info("KV cache: %d blocks x %d tokens = %d tokens max in flight, %.1f MiB", n, self.block_size,
+                 n * self.block_size, n * self.kv_bytes_per_block() / 2**20)
+        return n
+
+    def _allocate_kv_cache(self, num_blocks: int):
+        m = self.model_config
+        shape = [num_blocks * self.block_size, m.num_key_value_heads, m.head_dim]
+        return [(paddle.zeros(shape, dtype="float32"), paddle.zeros(shape, dtype="float32"))
+                for _ in range(m.num_hidden_layers)]
+
+    # -- one step --------------------------------------------------------------------------------
+    def _slots(self, block_table: list[int], start: int, end: int) -> np.ndarray:
+        pos = np.arange(start, end, dtype=np.int64)
+        bt = np.asarray(block_table, dtype=np.int64)
+        return bt[pos // self.block_size] * self.block_size + pos % self.block_size
+
+    def prepare(self, scheduled: list[ScheduledSeq]):
+        """Pack inputs. Returns (ordered entries, input_ids, positions, meta, last_token_rows)."""
+        decodes = [s for s in scheduled if s.num_new_tokens == 1]
+        prefills = [s for s in scheduled if s.num_new_tokens > 1]
+        ordered = decodes + prefills
+        ids, pos, slots, last_rows, sampled = [], [], [], [], []
+        row = 0
+        chunks = []
+        for s in ordered:
+            seq, start, n = s.seq, s.seq.num_computed_tokens, s.num_new_tokens
+            ids.append(np.asarray(seq.token_ids[start:start + n], dtype=np.int64))
+            pos.append(np.arange(start, start + n, dtype=np.int64))
+            slots.append(self._slots(seq.block_table, start, start + n))
+            if n > 1:
+                chunks.append(PrefillChunk(row, n, start, paddle.to_tensor(
+                    self._slots(seq.block_table, 0, start + n))))
+            if s.samples:
+                last_rows.append(row + n - 1)
+                sampled.append(s)
+            row += n
+        meta = AttentionMetadata(slot_mapping=paddle.to_tensor(np.concatenate(slots)),
+                                 num_decodes=len(decodes), prefills=chunks)
+        if decodes:
+            ctx = [s.seq.num_computed_tokens + 1 for s in decodes]
+            width = max(ctx)
+            dslots = np.zeros((len(decodes), width), dtype=np.int64)
+            mask = np.full((len(decodes), 1, 1, 1, width), -np.inf, dtype=np.float32)
+            for i, (s, c) in enumerate(zip(decodes, ctx)):
+                dslots[i, :c] = self._slots(s.seq.block_table, 0, c)
+                mask[i, ..., :c] = 0.0
+            meta.decode_slots = paddle.to_tensor(dslots)
+            meta.decode_mask = paddle.to_tensor(mask)
+        return (sampled, paddle.to_tensor(np.concatenate(ids)), paddle.to_tensor(np.concatenate(pos)), meta,
+                np.asarray(last_rows, dtype=np.int64))
+
+    @paddle.no_grad()
+    def execute(self, scheduled: list[ScheduledSeq], return_logits: bool = False) -> StepResult:
+        """Run one step. The sequences' token state is not modified here (the engine appends)."""
+        sampled, input_ids, positions, meta, last_rows = self.prepare(scheduled)
+        hidden = self.model.forward(input_ids, positions, meta, self.kv_caches)
+        if len(last_rows) == 0:
+            return StepResult([], np.empty(0, dtype=np.int64))
+        logits = self.model.compute_logits(gather_last_tokens(hidden, paddle.to_tensor(last_rows)))
+        logits_np = logits.numpy()
+        tokens = sample(logits_np, [s.seq for s in sampled])
+        return StepResult(sampled, tokens, logits_np if return_logits else None)

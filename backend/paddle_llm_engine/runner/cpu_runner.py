@@ -1,0 +1,20 @@
+"""CPU runner: Paddle's CPU kernels (fp32 only), thread count set explicitly.
+
+Paddle sets OMP_NUM_THREADS=1 on import when unset, so the thread count is applied here.
+"""
+
+from __future__ import annotations
+
+import os
+
+import paddle
+
+from paddle_llm_engine.runner.base import ModelRunnerBase
+
+
+class CPUModelRunner(ModelRunnerBase):
+    def setup_device(self) -> None:
+        paddle.set_device("cpu")
+        n = self.config.num_threads or os.cpu_count() or 1
+        paddle.base.core.set_num_threads(n)
+        self.num_threads = n

@@ -1,0 +1,67 @@
+"""Per-request sampling and stopping parameters, validated on arrival."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from paddle_llm_engine.errors import InvalidRequestError
+
+
+@dataclass
+class SamplingParams:
+    """How one request samples and when it stops. All values are per request.
+
+    temperature: >= 0; 0 means greedy (argmax). Default 1.0.
+    top_k: 0 (or -1) disables; otherwise keep the k most likely tokens.
+    top_p: in (0, 1]; nucleus sampling keeps the smallest set with cumulative prob >= top_p.
+    seed: None draws a fresh seed; otherwise the request's own RNG is seeded with it, so the
+        sampled text does not depend on the other requests in the batch.
+    max_tokens: None means "until EOS or max_model_len" (resolved by the engine); else >= 1.
+    min_tokens: EOS / stop ids are suppressed until this many tokens exist.
+    stop_token_ids: extra ids that end generation (finish_reason "stop").
+    eos_token_ids: None means the model's generation_config EOS ids.
+    ignore_eos: keep generating past EOS.
+    stop: stop strings matched on the generated text; the match is not returned.
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    max_tokens: int | None = None
+    min_tokens: int = 0
+    stop_token_ids: list[int] = field(default_factory=list)
+    eos_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    stop: list[str] = field(default_factory=list)
+    skip_special_tokens: bool = True
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    def validate(self, vocab_size: int) -> None:
+        """Raise InvalidRequestError naming the first bad field."""
+        if not (self.temperature >= 0.0):
+            raise InvalidRequestError("temperature", f"must be >= 0, got {self.temperature}")
+        if self.top_k < -1:
+            raise InvalidRequestError("top_k", f"must be -1, 0 (disabled) or >= 1, got {self.top_k}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise InvalidRequestError("top_p", f"must be in (0, 1], got {self.top_p}")
+        if self.max_tokens is not None and self.max_tokens <= 0:
+            raise InvalidRequestError("max_tokens", f"must be >= 1, got {self.max_tokens}")
+        if self.min_tokens < 0:
+            raise InvalidRequestError("min_tokens", f"must be >= 0, got {self.min_tokens}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise InvalidRequestError(
+                "min_tokens", f"({self.min_tokens}) must be <= max_tokens ({self.max_tokens})"
+            )
+        if self.seed is not None and not (0 <= self.seed < 2**64):
+            raise InvalidRequestError("seed", f"must be in [0, 2^64), got {self.seed}")
+        for name, ids in (("stop_token_ids", self.stop_token_ids), ("end_id", self.eos_token_ids or [])):
+            for t in ids:
+                if not (0 <= t < vocab_size):
+                    raise InvalidRequestError(name, f"token id {t} outside the vocabulary [0, {vocab_size})")
+        for s in self.stop:
+            if not s:
+                raise InvalidRequestError("stop", "stop strings must be non-empty")

@@ -1,0 +1,129 @@
+"""Continuous-batching scheduler: which sequences run in the next step, and how many tokens each.
+
+Policy per step (token budget `max_num_batched_tokens`, at most `max_num_seqs` sequences):
+1. Running sequences first, oldest first. One with pending tokens > 1 (a prompt chunk or a
+   recompute) gets min(pending, budget left); a decoding one gets 1 token. When the KV cache has
+   no block for it, the newest running sequence is preempted (blocks freed, recomputed later).
+2. Then waiting sequences in arrival order, as long as the budget, the sequence limit and the
+   free blocks allow; a prompt longer than the budget left is chunked (chunked prefill).
+A step therefore mixes prefills and decodes. The scheduler never touches tensors.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from paddle_llm_engine.block_manager import BlockManager
+from paddle_llm_engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    num_new_tokens: int  # tokens computed this step, from seq.num_computed_tokens on
+
+    @property
+    def samples(self) -> bool:
+        """True when this step reaches the sequence's last token, so a new token is sampled."""
+        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+
+class Scheduler:
+    """Holds the waiting and running queues and the block manager."""
+
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_model_len: int):
+        self.blocks = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        running: list[Sequence] = []
+        queue = list(self.running)
+        while queue:
+            seq = queue.pop(0)
+            if budget == 0:
+                running.append(seq)
+                continue
+            n = min(seq.num_pending_tokens, budget)
+            # Make room: preempt the newest running sequences (never `seq` itself unless alone).
+            while not self.blocks.can_allocate(self.blocks.blocks_needed(seq, seq.num_computed_tokens + n)):
+                victim = queue.pop() if queue else None
+                if victim is None:
+                    self._preempt(seq, out)
+                    seq = None
+                    break
+                self._preempt(victim, out)
+            if seq is None:
+                continue
+            self.blocks.allocate(seq, seq.num_computed_tokens + n)
+            out.scheduled.append(ScheduledSeq(seq, n))
+            running.append(seq)
+            budget -= n
+        self.running = running
+
+        # Admit waiting sequences (preempted ones were put back at the front).
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not out.preempted:
+            seq = self.waiting[0]
+            n = min(seq.num_pending_tokens, budget)
+            if not self.blocks.can_allocate(self.blocks.blocks_needed(seq, seq.num_computed_tokens + n)):
+                break
+            self.waiting.popleft()
+            self.blocks.allocate(seq, seq.num_computed_tokens + n)
+            seq.status = SequenceStatus.RUNNING
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = time.monotonic()
+            self.running.append(seq)
+            out.scheduled.append(ScheduledSeq(seq, n))
+            budget -= n
+        return out
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        """Recompute-style preemption: free all blocks, requeue at the front of waiting."""
+        self.blocks.free(seq)
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+        out.preempted.append(seq)
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Mark finished and free its blocks at once (normal end, stop string or abort)."""
+        if seq.status == SequenceStatus.FINISHED:
+            return
+        if seq in self.running:
+            self.running.remove(seq)
+        else:
+            try:
+                self.waiting.remove(seq)
+            except ValueError:
+                pass
+        self.blocks.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason

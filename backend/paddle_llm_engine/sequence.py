@@ -1,0 +1,87 @@
+"""A sequence: one request's tokens, its place in the scheduler and its KV block table."""
+
+from __future__ import annotations
+
+import enum
+import time
+
+import numpy as np
+
+from paddle_llm_engine.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    """Token state of one request.
+
+    token_ids: prompt followed by generated tokens.
+    num_computed_tokens: how many leading tokens have their K/V in the cache. A step computes
+        token_ids[num_computed_tokens : num_computed_tokens + n]; when that reaches the last token,
+        the step samples the next one. Preemption (recompute) resets it to 0.
+    block_table: KV block ids; token at position p is in block_table[p // block_size].
+    rng: the request's own generator (numpy PCG64), so sampling never depends on batch mates.
+    """
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 max_tokens: int, eos_token_ids: list[int], arrival_time: float | None = None):
+        self.request_id = request_id
+        self.token_ids: list[int] = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.params = params
+        self.max_tokens = max_tokens
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.stop_token_ids = frozenset(params.stop_token_ids)
+        self.status = SequenceStatus.WAITING
+        self.num_computed_tokens = 0
+        self.block_table: list[int] = []
+        self.finish_reason: str | None = None
+        self.num_preemptions = 0
+        self.arrival_time = arrival_time if arrival_time is not None else time.monotonic()
+        self.first_scheduled_time: float | None = None
+        self.rng = np.random.Generator(np.random.PCG64(params.seed)) if not params.greedy else None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_pending_tokens(self) -> int:
+        """Tokens whose K/V are not yet in the cache (prompt, chunk remainder or recompute)."""
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == SequenceStatus.FINISHED
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(int(token_id))
+
+    def check_stop(self, max_model_len: int) -> str | None:
+        """Finish reason after the last appended token, or None to keep going.
+
+        EOS and stop ids count only once min_tokens outputs exist (EOS skipped with ignore_eos).
+        The token that triggered a stop stays in token_ids; the detokenizer drops special tokens.
+        """
+        n_out = self.num_output_tokens
+        last = self.token_ids[-1]
+        if n_out >= self.params.min_tokens:
+            if last in self.stop_token_ids:
+                return "stop"
+            if not self.params.ignore_eos and last in self.eos_token_ids:
+                return "stop"
+        if n_out >= self.max_tokens or self.num_tokens >= max_model_len:
+            return "length"
+        return None
