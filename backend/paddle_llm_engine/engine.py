@@ -81,6 +81,8 @@ class LLMEngine:
                 "text_input", f"the prompt has {n} tokens; max_model_len is {limit}, which leaves no room "
                               f"for output (the prompt must be at most {limit - 1} tokens)")
         params.validate(self.model_config.vocab_size)
+        if params.bad_words and not params.bad_words_ids:
+            params.bad_words_ids = [list(self.tokenizer.encode(w, add_special_tokens=False)) for w in params.bad_words]
         max_tokens = params.max_tokens if params.max_tokens is not None else limit - n
         if n + max_tokens > limit:
             raise InvalidRequestError(
@@ -101,17 +103,20 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
-    def step(self) -> list[RequestOutput]:
-        """Schedule, run the model once, and return an output for every request that advanced."""
+    def step(self, return_logits: bool = False) -> list[RequestOutput]:
+        """Schedule, run the model once, and return an output for every request that advanced.
+
+        return_logits: attach each sampled position's raw logits ([V] fp32) to its output
+        (reference tests; costs a copy per row)."""
         sched = self.scheduler.schedule()
         if not sched.scheduled:
             return []
-        result = self.runner.execute(sched.scheduled)
+        result = self.runner.execute(sched.scheduled, return_logits=return_logits)
         self.num_steps += 1
         for s in sched.scheduled:
             s.seq.num_computed_tokens += s.num_new_tokens
         outputs = []
-        for s, token in zip(result.sampled, result.token_ids.tolist()):
+        for row, (s, token) in enumerate(zip(result.sampled, result.token_ids.tolist())):
             seq = s.seq
             st = self.requests.get(seq.request_id)
             if st is None:  # aborted between schedule and now
@@ -129,14 +134,19 @@ class LLMEngine:
             if reason is not None:
                 self.scheduler.finish(seq, reason)
                 del self.requests[seq.request_id]
-            outputs.append(self._output(st, text, finished=reason is not None, reason=reason))
+            out = self._output(st, text, finished=reason is not None, reason=reason)
+            if return_logits:
+                out.logits = result.logits[row].copy()
+            outputs.append(out)
         return outputs
 
     def _output(self, st: _RequestState, text: str, finished: bool, reason: str | None = None) -> RequestOutput:
         seq = st.seq
         ids, st.unreported = st.unreported, []
+        lps, seq.pending_logprobs = seq.pending_logprobs, []
         return RequestOutput(
             request_id=seq.request_id, text=text, token_ids=ids, finished=finished,
             finish_reason=reason if finished else None, num_prompt_tokens=seq.num_prompt_tokens,
             num_output_tokens=seq.num_output_tokens, arrival_time=seq.arrival_time,
-            first_scheduled_time=seq.first_scheduled_time, num_preemptions=seq.num_preemptions)
+            first_scheduled_time=seq.first_scheduled_time, num_preemptions=seq.num_preemptions,
+            logprobs=lps, cumulative_logprob=seq.cumulative_logprob)

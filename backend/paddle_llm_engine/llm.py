@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from paddle_llm_engine.config import EngineConfig
 from paddle_llm_engine.engine import LLMEngine
 from paddle_llm_engine.sampling_params import SamplingParams
+from paddle_llm_engine.tokenizer import encode_prompt
 
 
 @dataclass
@@ -28,13 +29,12 @@ class LLM:
                  ) -> list[Completion]:
         """Submit all prompts at once (continuous batching) and run until every one finishes.
 
-        prompts: strings (tokenized without special tokens added) or token id lists.
+        prompts: strings (tokenized as the tokenizer config says) or token id lists.
         Raises InvalidRequestError for a bad prompt or parameter.
         """
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
-        ids = [p if isinstance(p, list) else list(self.tokenizer.encode(p, add_special_tokens=False))
-               for p in prompts]
+        ids = [p if isinstance(p, list) else encode_prompt(self.tokenizer, p) for p in prompts]
         rids = [f"offline-{i}" for i in range(len(prompts))]
         for rid, p, sp in zip(rids, ids, params):
             self.engine.add_request(rid, p, sp)

@@ -27,3 +27,7 @@ class RequestOutput:
     arrival_time: float = 0.0
     first_scheduled_time: float | None = None
     num_preemptions: int = 0
+    # per new token: (logprob of the chosen token, [(alt token id, logprob)] top params.logprobs)
+    logprobs: list = field(default_factory=list)
+    cumulative_logprob: float = 0.0
+    logits: "object | None" = None  # np.ndarray [V] fp32, only with LLMEngine.step(return_logits=True)

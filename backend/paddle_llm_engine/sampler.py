@@ -2,7 +2,8 @@
 
 Runs on host memory in numpy: one [B, V] copy per step, after which every row is processed with
 its own parameters and its own RNG (a request's draws never depend on its batch mates).
-Order of processing, as in HF `generate`: min_tokens mask -> temperature -> top-k -> top-p -> draw.
+Order of processing (HF `generate` / vLLM): min_tokens mask -> repetition, presence and frequency
+penalties -> temperature -> top-k -> top-p -> min-p -> draw. Penalties also apply to greedy rows.
 """
 
 from __future__ import annotations
@@ -20,7 +21,36 @@ def _suppress_stops(row: np.ndarray, seq: Sequence) -> None:
             row[ids] = -np.inf
 
 
-def _filtered_probs(row: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:
+def _apply_penalties(row: np.ndarray, seq: Sequence) -> None:
+    """In place; formulas in SamplingParams' docstring."""
+    prm = seq.params
+    if prm.repetition_penalty != 1.0:
+        seen = np.unique(np.asarray(seq.token_ids, dtype=np.int64))
+        vals = row[seen]
+        row[seen] = np.where(vals > 0, vals / prm.repetition_penalty, vals * prm.repetition_penalty)
+    if prm.presence_penalty != 0.0 or prm.frequency_penalty != 0.0:
+        out = np.asarray(seq.output_token_ids, dtype=np.int64)
+        if out.size:
+            ids, counts = np.unique(out, return_counts=True)
+            row[ids] -= prm.presence_penalty + prm.frequency_penalty * counts.astype(row.dtype)
+
+
+def _ban_bad_words(row: np.ndarray, seq: Sequence) -> None:
+    """Mask the last token of every bad word whose other tokens end the sequence."""
+    for w in seq.params.bad_words_ids:
+        k = len(w) - 1
+        if k == 0 or seq.token_ids[-k:] == w[:-1]:
+            row[w[-1]] = -np.inf
+
+
+def _needs_penalties(seq: Sequence) -> bool:
+    prm = seq.params
+    return (prm.repetition_penalty != 1.0 or prm.presence_penalty != 0.0 or prm.frequency_penalty != 0.0
+            or bool(prm.bad_words_ids))
+
+
+def _filtered_probs(row: np.ndarray, temperature: float, top_k: int, top_p: float,
+                    min_p: float = 0.0) -> np.ndarray:
     """Probabilities [V] float64 after temperature, top-k and top-p (nucleus, Holtzman et al. 2019)."""
     x = row.astype(np.float64) / temperature
     if 0 < top_k < x.shape[0]:
@@ -38,23 +68,46 @@ def _filtered_probs(row: np.ndarray, temperature: float, top_k: int, top_p: floa
         keep[order[:cut]] = True
         p = np.where(keep, p, 0.0)
         p /= p.sum()
+    if min_p > 0.0:
+        p = np.where(p >= min_p * p.max(), p, 0.0)
+        p /= p.sum()
     return p
 
 
+def token_logprobs(row: np.ndarray, token: int, top_n: int) -> tuple[float, list[tuple[int, float]]]:
+    """Log-probability of `token` under the model's raw distribution log_softmax(row), and the
+    `top_n` most likely (token id, logprob) pairs, most likely first. row: [V] fp32 logits."""
+    x = row.astype(np.float64)
+    m = x.max()
+    lse = m + np.log(np.exp(x - m).sum())
+    top: list[tuple[int, float]] = []
+    if top_n > 0:
+        idx = np.argpartition(-x, top_n - 1)[:top_n]
+        idx = idx[np.argsort(-x[idx], kind="stable")]
+        top = [(int(i), float(x[i] - lse)) for i in idx]
+    return float(x[token] - lse), top
+
+
 def sample(logits: np.ndarray, seqs: list[Sequence]) -> np.ndarray:
-    """logits: [B, V] float32 (row i belongs to seqs[i]). Returns [B] int64 token ids."""
+    """logits: [B, V] float32 (row i belongs to seqs[i]). Returns [B] int64 token ids.
+
+    Also records on each sequence the chosen token's logprob (raw model distribution) and, when
+    params.logprobs is set, the top alternatives (Sequence.record_logprob)."""
     out = np.empty(len(seqs), dtype=np.int64)
     for i, seq in enumerate(seqs):
         row = logits[i]
-        if seq.num_output_tokens < seq.params.min_tokens:
+        prm = seq.params
+        if seq.num_output_tokens < prm.min_tokens or _needs_penalties(seq):
             row = row.copy()
             _suppress_stops(row, seq)
-        prm = seq.params
+            _apply_penalties(row, seq)
+            _ban_bad_words(row, seq)
         if prm.greedy:
             out[i] = int(np.argmax(row))
-            continue
-        p = _filtered_probs(row, prm.temperature, prm.top_k, prm.top_p)
-        cdf = np.cumsum(p)
-        u = seq.rng.random() * cdf[-1]
-        out[i] = min(int(np.searchsorted(cdf, u, side="right")), p.shape[0] - 1)
+        else:
+            p = _filtered_probs(row, prm.temperature, prm.top_k, prm.top_p, prm.min_p)
+            cdf = np.cumsum(p)
+            u = seq.rng.random() * cdf[-1]
+            out[i] = min(int(np.searchsorted(cdf, u, side="right")), p.shape[0] - 1)
+        seq.record_logprob(*token_logprobs(logits[i], int(out[i]), prm.logprobs or 0))
     return out

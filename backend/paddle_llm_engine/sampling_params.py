@@ -22,6 +22,14 @@ class SamplingParams:
     eos_token_ids: None means the model's generation_config EOS ids.
     ignore_eos: keep generating past EOS.
     stop: stop strings matched on the generated text; the match is not returned.
+    min_p: in [0, 1]; drop tokens whose probability is below min_p * (top probability).
+    repetition_penalty: > 0; 1 disables. Seen tokens (prompt and output) get logit / p when the
+        logit is positive, logit * p otherwise (Keskar et al. 2019, CTRL; as HF).
+    presence_penalty, frequency_penalty: in [-2, 2]; logit -= presence * [count > 0] +
+        frequency * count over output tokens (OpenAI API definition).
+    bad_words: words that must not be generated; tokenized by the engine into bad_words_ids, whose
+        last token is masked whenever the output ends with the others (TensorRT-LLM semantics).
+    logprobs: None, or 0..20 alternatives to report with each token's log-probability.
     """
 
     temperature: float = 1.0
@@ -35,6 +43,13 @@ class SamplingParams:
     ignore_eos: bool = False
     stop: list[str] = field(default_factory=list)
     skip_special_tokens: bool = True
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logprobs: int | None = None
+    bad_words: list[str] = field(default_factory=list)
+    bad_words_ids: list[list[int]] = field(default_factory=list)  # filled by the engine's tokenizer
 
     @property
     def greedy(self) -> bool:
@@ -62,6 +77,16 @@ class SamplingParams:
             for t in ids:
                 if not (0 <= t < vocab_size):
                     raise InvalidRequestError(name, f"token id {t} outside the vocabulary [0, {vocab_size})")
+        if not (0.0 <= self.min_p <= 1.0):
+            raise InvalidRequestError("min_p", f"must be in [0, 1], got {self.min_p}")
+        if not (self.repetition_penalty > 0.0):
+            raise InvalidRequestError("repetition_penalty", f"must be > 0, got {self.repetition_penalty}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not (-2.0 <= v <= 2.0):
+                raise InvalidRequestError(name, f"must be in [-2, 2], got {v}")
+        if self.logprobs is not None and not (0 <= self.logprobs <= 20):
+            raise InvalidRequestError("logprobs", f"must be in [0, 20], got {self.logprobs}")
         for s in self.stop:
             if not s:
                 raise InvalidRequestError("stop", "stop strings must be non-empty")

@@ -43,6 +43,8 @@ class Sequence:
         self.num_preemptions = 0
         self.arrival_time = arrival_time if arrival_time is not None else time.monotonic()
         self.first_scheduled_time: float | None = None
+        self.cumulative_logprob = 0.0
+        self.pending_logprobs: list[tuple[float, list[tuple[int, float]]]] = []  # not yet reported
         self.rng = np.random.Generator(np.random.PCG64(params.seed)) if not params.greedy else None
 
     @property
@@ -68,6 +70,11 @@ class Sequence:
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(int(token_id))
+
+    def record_logprob(self, logprob: float, top: list[tuple[int, float]]) -> None:
+        """Called by the sampler for the token it is about to append."""
+        self.cumulative_logprob += logprob
+        self.pending_logprobs.append((logprob, top))
 
     def check_stop(self, max_model_len: int) -> str | None:
         """Finish reason after the last appended token, or None to keep going.

@@ -1,7 +1,10 @@
 """Write the new keys and values of a step into the paged KV cache.
 
-Cache layout per layer: [num_blocks * block_size, num_kv_heads, head_dim] ("slots"); a token at
-position p of a sequence lives in slot block_table[p // block_size] * block_size + p % block_size.
+Cache layout per layer: [num_kv_heads, num_blocks * block_size, head_dim]; the middle axis holds
+"slots": a token at position p of a sequence lives in slot
+block_table[p // block_size] * block_size + p % block_size. Heads come first so that the gathered
+context of one head is contiguous and attention runs as plain batched matmuls (Paddle's CPU matmul
+is several times slower on strided or broadcast operands).
 """
 
 import paddle
@@ -15,5 +18,7 @@ def write_kv(
     slot_mapping: paddle.Tensor,
 ) -> None:
     """In place. k, v: [T, num_kv_heads, head_dim]; slot_mapping: [T] int64 slot per token."""
-    k_cache.scatter_(slot_mapping, k, overwrite=True)
-    v_cache.scatter_(slot_mapping, v, overwrite=True)
+    heads = paddle.arange(k_cache.shape[0], dtype="int64").unsqueeze(1)
+    index = (heads, slot_mapping.unsqueeze(0))
+    paddle.index_put_(k_cache, index, k.transpose([1, 0, 2]))
+    paddle.index_put_(v_cache, index, v.transpose([1, 0, 2]))

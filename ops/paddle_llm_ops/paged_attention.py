@@ -1,24 +1,15 @@
 """Attention over a paged KV cache, for the prefill and the decode parts of a mixed step.
 
 Scaled dot-product attention (Vaswani et al. 2017): softmax(q k^T / sqrt(d)) v, with grouped-query
-attention (num_heads = group * num_kv_heads, each KV head serves `group` query heads) and a causal
-mask. Keys and values are read from the cache through slot indices (see kv_cache.py), so the same
-code serves fresh prompts, chunked prefill and recomputation after preemption.
+attention (num_heads = group * num_kv_heads; query head h uses KV head h // group, as HF's
+repeat_kv) and a causal mask. Keys and values are read from the cache through slot indices (see
+kv_cache.py), so the same code serves fresh prompts, chunked prefill and recomputation.
 """
 
 from __future__ import annotations
 
 import paddle
 import paddle.nn.functional as F
-
-
-def _grouped(q: paddle.Tensor, num_kv_heads: int) -> paddle.Tensor:
-    """[..., Tq, num_heads, d] -> [..., num_kv_heads, group, Tq, d]."""
-    *lead, tq, nh, d = q.shape
-    q = q.reshape([*lead, tq, num_kv_heads, nh // num_kv_heads, d])
-    nd = len(lead)
-    perm = list(range(nd)) + [nd + 1, nd + 2, nd, nd + 3]
-    return q.transpose(perm)
 
 
 def prefill_attention(
@@ -32,25 +23,25 @@ def prefill_attention(
     """Causal attention of one sequence's chunk of new tokens over its whole context.
 
     q: [n, num_heads, d] queries for positions start_pos .. start_pos+n-1.
-    k_cache, v_cache: [num_slots, num_kv_heads, d] (already holding this chunk's keys/values).
+    k_cache, v_cache: [num_kv_heads, num_slots, d] (already holding this chunk's keys/values).
     context_slots: [start_pos + n] int64 slots of positions 0 .. start_pos+n-1.
     Returns [n, num_heads * d].
     """
     n, nh, d = q.shape
-    kvh = k_cache.shape[1]
+    kvh = k_cache.shape[0]
+    g = nh // kvh
     ctx = context_slots.shape[0]
-    k = paddle.index_select(k_cache, context_slots, axis=0).transpose([1, 2, 0])  # [kvh, d, ctx]
-    v = paddle.index_select(v_cache, context_slots, axis=0).transpose([1, 0, 2])  # [kvh, ctx, d]
-    qg = _grouped(q, kvh)  # [kvh, g, n, d]
-    scores = paddle.matmul(qg, k.unsqueeze(1)) * scale  # [kvh, g, n, ctx]
+    k = paddle.index_select(k_cache, context_slots, axis=1)  # [kvh, ctx, d]
+    v = paddle.index_select(v_cache, context_slots, axis=1)
+    qg = q.reshape([n, kvh, g, d]).transpose([1, 2, 0, 3]).reshape([kvh, g * n, d])
+    scores = (paddle.matmul(qg, k, transpose_y=True) * scale).reshape([kvh, g, n, ctx])
     if n > 1:
         # query i sits at position start_pos + i and sees keys 0 .. start_pos + i.
         qpos = paddle.arange(start_pos, start_pos + n, dtype="int64").unsqueeze(1)
         kpos = paddle.arange(0, ctx, dtype="int64").unsqueeze(0)
-        mask = paddle.where(kpos <= qpos, 0.0, float("-inf")).astype(scores.dtype)
-        scores = scores + mask
-    probs = F.softmax(scores, axis=-1)
-    out = paddle.matmul(probs, v.unsqueeze(1))  # [kvh, g, n, d]
+        scores = scores + paddle.where(kpos <= qpos, 0.0, float("-inf")).astype(scores.dtype)
+    probs = F.softmax(scores, axis=-1).reshape([kvh, g * n, ctx])
+    out = paddle.matmul(probs, v).reshape([kvh, g, n, d])
     return out.transpose([2, 0, 1, 3]).reshape([n, nh * d])
 
 
@@ -65,17 +56,17 @@ def decode_attention(
     """One new token per sequence, batched over B sequences with contexts padded to L.
 
     q: [B, num_heads, d]; context_slots: [B, L] int64 (padding points at any valid slot);
-    key_mask: [B, 1, 1, 1, L] additive fp32 (0 for real keys, -inf for padding).
+    key_mask: [1, B, 1, L] additive fp32 (0 for real keys, -inf for padding).
     Returns [B, num_heads * d].
     """
     b, nh, d = q.shape
-    kvh = k_cache.shape[1]
+    kvh = k_cache.shape[0]
     length = context_slots.shape[1]
     flat = context_slots.reshape([-1])
-    k = paddle.index_select(k_cache, flat, axis=0).reshape([b, length, kvh, d]).transpose([0, 2, 3, 1])
-    v = paddle.index_select(v_cache, flat, axis=0).reshape([b, length, kvh, d]).transpose([0, 2, 1, 3])
-    qg = q.reshape([b, kvh, nh // kvh, 1, d])  # [B, kvh, g, 1, d]
-    scores = paddle.matmul(qg, k.unsqueeze(2)) * scale + key_mask  # [B, kvh, g, 1, L]
+    k = paddle.index_select(k_cache, flat, axis=1).reshape([kvh, b, length, d])
+    v = paddle.index_select(v_cache, flat, axis=1).reshape([kvh, b, length, d])
+    qg = q.reshape([b, kvh, nh // kvh, d]).transpose([1, 0, 2, 3])  # [kvh, B, g, d]
+    scores = paddle.matmul(qg, k, transpose_y=True) * scale + key_mask  # [kvh, B, g, L]
     probs = F.softmax(scores, axis=-1)
-    out = paddle.matmul(probs, v.unsqueeze(2))  # [B, kvh, g, 1, d]
-    return out.reshape([b, nh * d])
+    out = paddle.matmul(probs, v)  # [kvh, B, g, d]
+    return out.transpose([1, 0, 2, 3]).reshape([b, nh * d])

@@ -24,5 +24,5 @@ class AttentionMetadata:
     slot_mapping: paddle.Tensor                 # [T] int64 cache slot of every new token
     num_decodes: int = 0
     decode_slots: paddle.Tensor | None = None   # [num_decodes, L] int64
-    decode_mask: paddle.Tensor | None = None    # [num_decodes, 1, 1, 1, L] fp32 additive
+    decode_mask: paddle.Tensor | None = None    # [1, num_decodes, 1, L] fp32 additive
     prefills: list[PrefillChunk] = field(default_factory=list)

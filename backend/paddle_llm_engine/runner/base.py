@@ -72,7 +72,7 @@ class ModelRunnerBase:
 
     def _allocate_kv_cache(self, num_blocks: int):
         m = self.model_config
-        shape = [num_blocks * self.block_size, m.num_key_value_heads, m.head_dim]
+        shape = [m.num_key_value_heads, num_blocks * self.block_size, m.head_dim]
         return [(paddle.zeros(shape, dtype="float32"), paddle.zeros(shape, dtype="float32"))
                 for _ in range(m.num_hidden_layers)]
 
@@ -108,10 +108,10 @@ class ModelRunnerBase:
             ctx = [s.seq.num_computed_tokens + 1 for s in decodes]
             width = max(ctx)
             dslots = np.zeros((len(decodes), width), dtype=np.int64)
-            mask = np.full((len(decodes), 1, 1, 1, width), -np.inf, dtype=np.float32)
+            mask = np.full((1, len(decodes), 1, width), -np.inf, dtype=np.float32)
             for i, (s, c) in enumerate(zip(decodes, ctx)):
                 dslots[i, :c] = self._slots(s.seq.block_table, 0, c)
-                mask[i, ..., :c] = 0.0
+                mask[0, i, 0, :c] = 0.0
             meta.decode_slots = paddle.to_tensor(dslots)
             meta.decode_mask = paddle.to_tensor(mask)
         return (sampled, paddle.to_tensor(np.concatenate(ids)), paddle.to_tensor(np.concatenate(pos)), meta,

@@ -1,0 +1,182 @@
+"""The response path of the decoupled `llm` model: one thread that turns engine outputs into
+Triton responses, so the engine thread never blocks on Triton's IPC.
+
+Streaming requests get one response per output that carries text (held-back tokens ride along
+with the next one); non-streaming requests get exactly one response at the end (HTTP /generate
+accepts only one). Every request ends with a response flagged FINAL. Client cancellation is noticed
+here (response_sender.is_cancelled(), polled every `poll_s`) and turned into an engine abort.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from paddle_llm_engine.outputs import RequestOutput
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ResponseOptions:
+    """What the client asked to get back (vLLM backend flag names)."""
+
+    stream: bool = False
+    prompt_text: str | None = None          # prepended to the output when exclude_input_in_output is False
+    return_finish_reason: bool = False
+    return_num_input_tokens: bool = False
+    return_num_output_tokens: bool = False
+    return_logprobs: bool = False
+    return_cumulative_logprob: bool = False
+    return_output_ids: bool = False
+    zero_logprobs: bool = False             # report 0.0 logprobs (TensorRT-LLM when not asked)
+
+
+@dataclass
+class _Pending:
+    sender: object
+    opts: ResponseOptions
+    text: list[str] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)
+    logprobs: list = field(default_factory=list)
+    sent_any: bool = False
+    cancelled: bool = False
+
+
+class Responder:
+    """Owns the response thread. `decode_token(id) -> str` renders logprob entries."""
+
+    def __init__(self, abort: Callable[[str], None], decode_token: Callable[[int], str],
+                 on_finished: Callable[[RequestOutput], None] | None = None, poll_s: float = 0.1):
+        self._abort = abort
+        self._decode_token = decode_token
+        self._on_finished = on_finished
+        self._poll_s = poll_s
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._live: dict[str, _Pending] = {}
+        self._lock = threading.Lock()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="llm-responder", daemon=True)
+        self._thread.start()
+
+    def register(self, request_id: str, sender, opts: ResponseOptions) -> None:
+        with self._lock:
+            self._live[request_id] = _Pending(sender, opts)
+
+    def push(self, out: RequestOutput) -> None:
+        """Engine-thread callback: enqueue only."""
+        self._q.put(out)
+
+    def shutdown(self) -> None:
+        self._stop = True
+        self._q.put(None)
+        self._thread.join(5)
+
+    @property
+    def num_live(self) -> int:
+        return len(self._live)
+
+    # -- response thread -------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop:
+            try:
+                out = self._q.get(timeout=self._poll_s)
+            except queue.Empty:
+                out = None
+            if out is not None:
+                try:
+                    self._handle(out)
+                except Exception:
+                    log.exception("sending the response of %s failed", out.request_id)
+            self._check_cancelled()
+
+    def _check_cancelled(self) -> None:
+        with self._lock:
+            live = list(self._live.items())
+        for rid, p in live:
+            if not p.cancelled and p.sender.is_cancelled():
+                p.cancelled = True
+                log.info("request %s cancelled by the client: aborting", rid)
+                self._abort(rid)
+
+    def _handle(self, out: RequestOutput) -> None:
+        import triton_python_backend_utils as pb_utils
+
+        with self._lock:
+            p = self._live.get(out.request_id)
+            if p is not None and out.finished:
+                del self._live[out.request_id]
+        if p is None:
+            return
+        if out.finished and self._on_finished is not None:
+            self._on_finished(out)
+        if out.finish_reason == "error":
+            err = pb_utils.TritonError(out.error or "error", pb_utils.TritonError.INVALID_ARG
+                                       if not (out.error or "").startswith("engine failure")
+                                       else pb_utils.TritonError.INTERNAL)
+            self._send(p, pb_utils.InferenceResponse(error=err), final=True)
+            return
+        if p.cancelled or p.sender.is_cancelled():
+            if out.finished:  # the stream is gone; close our side
+                self._send(p, None, final=True)
+            else:
+                p.cancelled = True
+                self._abort(out.request_id)
+            return
+        p.text.append(out.text)
+        p.ids.extend(out.token_ids)
+        p.logprobs.extend(out.logprobs)
+        ready = out.finished or (p.opts.stream and "".join(p.text) != "")
+        if not ready:
+            return
+        resp = self._build(p, out)
+        p.text, p.ids, p.logprobs = [], [], []
+        self._send(p, resp, final=out.finished)
+
+    def _send(self, p: _Pending, resp, final: bool) -> None:
+        import triton_python_backend_utils as pb_utils
+
+        flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
+        p.sender.send(resp, flags=flags)
+        p.sent_any = True
+
+    def _build(self, p: _Pending, out: RequestOutput):
+        import triton_python_backend_utils as pb_utils
+
+        o = p.opts
+        text = "".join(p.text)
+        if not p.sent_any and o.prompt_text is not None:
+            text = o.prompt_text + text
+        tensors = [pb_utils.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_))]
+        if o.return_finish_reason:
+            reason = out.finish_reason if out.finished else ""
+            tensors.append(pb_utils.Tensor("finish_reason", np.array([reason.encode()], dtype=np.object_)))
+        if o.return_num_input_tokens:
+            tensors.append(pb_utils.Tensor("num_input_tokens", np.array([out.num_prompt_tokens], dtype=np.uint32)))
+        if o.return_num_output_tokens:
+            n = out.num_output_tokens if not o.stream else len(p.ids)
+            tensors.append(pb_utils.Tensor("num_output_tokens", np.array([n], dtype=np.uint32)))
+        if o.return_cumulative_logprob:
+            cum = 0.0 if o.zero_logprobs else out.cumulative_logprob
+            tensors.append(pb_utils.Tensor("cumulative_logprob", np.array([cum], dtype=np.float32)))
+        if o.return_logprobs:
+            entries = []
+            for tok, (lp, top) in zip(p.ids, p.logprobs):
+                d = {str(tok): {"logprob": lp, "decoded_token": self._decode_token(tok)}}
+                for rank, (alt, alp) in enumerate(top, 1):
+                    d.setdefault(str(alt), {"logprob": alp, "rank": rank, "decoded_token": self._decode_token(alt)})
+                    if alt == tok:
+                        d[str(tok)]["rank"] = rank
+                entries.append(d)
+            tensors.append(pb_utils.Tensor("logprobs", np.array([json.dumps(entries).encode()], dtype=np.object_)))
+        if o.return_output_ids:
+            tensors.append(pb_utils.Tensor("output_ids", np.array(p.ids, dtype=np.int32)))
+            lps = np.array([0.0 if o.zero_logprobs else lp for lp, _ in p.logprobs], dtype=np.float32)
+            tensors.append(pb_utils.Tensor("output_log_probs", lps))
+        return pb_utils.InferenceResponse(output_tensors=tensors)

@@ -1,0 +1,97 @@
+"""Triton decoupled model `llm`: hosts one Paddle LLM engine per model instance.
+
+Contract: Triton's vLLM backend (text_input, stream, sampling_parameters JSON, the return_* flags)
+plus `input_ids` from the ensemble's preprocessing step. execute() only parses and enqueues; the
+engine runs on its own thread and a responder thread sends the responses.
+"""
+
+import json
+import logging
+import os
+import uuid
+
+import triton_python_backend_utils as pb_utils
+
+from paddle_llm_engine import EngineConfig, EngineLoop, InvalidRequestError, LLMEngine
+from paddle_llm_engine.request_params import from_vllm_json
+from paddle_llm_engine.serving import tensors as T
+from paddle_llm_engine.serving.config_params import engine_config_from_triton
+from paddle_llm_engine.serving.responder import Responder, ResponseOptions
+from paddle_llm_engine.tokenizer import encode_prompt
+
+log = logging.getLogger("llm")
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        model_config = json.loads(args["model_config"])
+        if not pb_utils.using_decoupled_model_transaction_policy(model_config):
+            raise pb_utils.TritonModelException("model `llm` must use the decoupled transaction policy")
+        cfg: EngineConfig = engine_config_from_triton(model_config, args)
+        log.warning("llm instance %s: %s", args.get("model_instance_name"), cfg)
+        self.engine = LLMEngine(cfg)
+        self.tokenizer = self.engine.tokenizer
+        self.loop = EngineLoop(self.engine)
+        self.responder = Responder(abort=self.loop.abort, decode_token=self._decode_token)
+
+    def _decode_token(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                self._submit(request, sender)
+            except InvalidRequestError as e:
+                sender.send(pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG)),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            except Exception as e:  # engine dead or unexpected: fail this request, keep serving
+                log.exception("request rejected")
+                sender.send(pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError(f"{type(e).__name__}: {e}", pb_utils.TritonError.INTERNAL)),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+
+    def _submit(self, request, sender):
+        ids = T.get_array(request, "input_ids")
+        text = T.get_str(request, "text_input")
+        if ids is not None:
+            prompt_ids = [int(x) for x in ids.reshape(-1)]
+        elif text is not None:
+            if text == "":
+                raise InvalidRequestError("text_input", "must not be empty")
+            prompt_ids = encode_prompt(self.tokenizer, text)
+        else:
+            raise InvalidRequestError("text_input", "required (or input_ids)")
+        params = from_vllm_json(T.get_str(request, "sampling_parameters"))
+        stream = bool(T.get_bool(request, "stream"))
+        # The prompt text is prepended to a non-streamed answer unless exclude_input_in_output is
+        # True (vLLM backend and TensorRT-LLM semantics alike); a stream never repeats it, and a
+        # vLLM client that asks for it while streaming gets an error, as from the vLLM backend.
+        exclude = T.get_bool(request, "exclude_input_in_output")
+        if stream and exclude is False and ids is None:
+            raise InvalidRequestError("exclude_input_in_output", "False is not allowed when streaming")
+        prepend = text is not None and not stream and not exclude
+        want_lp = bool(T.get_bool(request, "return_logprobs"))
+        opts = ResponseOptions(
+            stream=stream,
+            prompt_text=text if prepend else None,
+            return_finish_reason=bool(T.get_bool(request, "return_finish_reason")),
+            return_num_input_tokens=bool(T.get_bool(request, "return_num_input_tokens")),
+            return_num_output_tokens=bool(T.get_bool(request, "return_num_output_tokens")),
+            return_logprobs=want_lp,
+            return_cumulative_logprob=bool(T.get_bool(request, "return_cumulative_logprob")) or ids is not None,
+            # ensemble path: per-token logprobs for TensorRT-LLM's output_log_probs (zeros unless asked)
+            return_output_ids=ids is not None,
+            zero_logprobs=ids is not None and not want_lp,
+        )
+        if opts.return_logprobs and params.logprobs is None:
+            params.logprobs = 0
+        rid = uuid.uuid4().hex
+        self.responder.register(rid, sender, opts)
+        self.loop.submit(rid, prompt_ids, params, self.responder.push)
+
+    def finalize(self):
+        self.loop.shutdown()
+        self.responder.shutdown()

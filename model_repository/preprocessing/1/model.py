@@ -1,0 +1,75 @@
+"""Ensemble step 1: text -> token ids, and the TensorRT-LLM parameter tensors -> one validated
+sampling_parameters JSON for the `llm` step. Bad values fail here with INVALID_ARG naming the
+tensor, before the engine sees the request."""
+
+import json
+import logging
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from paddle_llm_engine import InvalidRequestError
+from paddle_llm_engine.request_params import from_trtllm_tensors, to_json
+from paddle_llm_engine.serving import tensors as T
+from paddle_llm_engine.serving.config_params import resolve_model_dir
+from paddle_llm_engine.tokenizer import encode_prompt, load_tokenizer
+
+log = logging.getLogger("preprocessing")
+
+_INT = ("max_tokens", "top_k", "end_id", "pad_id", "min_tokens", "min_length", "beam_width",
+        "num_return_sequences", "seed", "random_seed")
+_FLOAT = ("top_p", "temperature", "repetition_penalty", "presence_penalty", "frequency_penalty",
+          "length_penalty")
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        cfg = json.loads(args["model_config"])
+        self.tokenizer = load_tokenizer(resolve_model_dir(cfg))
+        self.vocab_size = len(self.tokenizer)
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            try:
+                responses.append(self._one(request))
+            except InvalidRequestError as e:
+                responses.append(pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG)))
+        return responses
+
+    def _one(self, request):
+        text = T.get_str(request, "text_input")
+        if text is None or text == "":
+            raise InvalidRequestError("text_input", "required and must not be empty")
+        values = {}
+        for name in _INT:
+            v = T.get_int(request, name)
+            if v is not None:
+                values[name] = v
+        for name in _FLOAT:
+            v = T.get_float(request, name)
+            if v is not None:
+                values[name] = v
+        for name in ("stop_words", "bad_words"):
+            v = T.get_str_list(request, name)
+            if v:
+                values[name] = v
+        params = from_trtllm_tensors(values)
+        if params.max_tokens is not None and params.max_tokens <= 0:
+            raise InvalidRequestError("max_tokens", f"must be >= 1, got {params.max_tokens}")
+        params.validate(self.vocab_size)
+        ids = encode_prompt(self.tokenizer, text, chat=bool(T.get_bool(request, "apply_chat_template")))
+        if not ids:
+            raise InvalidRequestError("text_input", "tokenizes to 0 tokens")
+        stream = bool(T.get_bool(request, "stream"))
+        exclude = bool(T.get_bool(request, "exclude_input_in_output"))
+        want_lp = bool(T.get_bool(request, "return_log_probs"))
+        out = [
+            pb_utils.Tensor("INPUT_IDS", np.asarray(ids, dtype=np.int32)),
+            pb_utils.Tensor("SAMPLING_PARAMETERS", np.array([to_json(params).encode()], dtype=np.object_)),
+            pb_utils.Tensor("STREAM", np.array([stream], dtype=np.bool_)),
+            pb_utils.Tensor("EXCLUDE_INPUT_IN_OUTPUT", np.array([exclude], dtype=np.bool_)),
+            pb_utils.Tensor("RETURN_LOG_PROBS", np.array([want_lp], dtype=np.bool_)),
+        ]
+        return pb_utils.InferenceResponse(output_tensors=out)

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Run tritonserver (from the nvidia-pytriton wheel in .venv) in the foreground on loopback.
+#   scripts/serve.sh [extra tritonserver args, e.g. --log-verbose 1]
+# Environment:
+#   MODEL_REPO    model repository (default model_repository)
+#   MODEL_DIR     model folder for the llm model (default build/SmolLM2-135M-Instruct)
+#   HTTP_PORT / GRPC_PORT / METRICS_PORT   (8000 / 8001 / 8002), all bound to 127.0.0.1
+#   TRITON_KILL_AFTER   watchdog seconds after SIGTERM before a SIGKILL (default 15)
+#
+# Model folder: nothing in the repository is rendered. MODEL_DIR reaches the server as the env var
+# PADDLE_LLM_MODEL_DIR; the llm model's model.py uses its config.pbtxt parameter `model_dir` when that
+# is set to a non-empty value, else PADDLE_LLM_MODEL_DIR. So an explicit config value always wins over
+# the environment, and the shipped config leaves it empty so that MODEL_DIR works.
+#
+# scripts/launch_triton.py does the work: venv bin first on PATH (the Python-backend stub finds the
+# venv's site-packages that way), the base interpreter's lib dir first on LD_LIBRARY_PATH, the
+# backend directory build/triton_backends (made by scripts/setup.sh), start-up time until
+# /v2/health/ready, and on Ctrl-C / SIGTERM: SIGTERM to tritonserver (--exit-timeout-secs 5), then after
+# TRITON_KILL_AFTER seconds SIGKILL of the server and its stubs and removal of the shm regions it owned.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+abspath() { case "$1" in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
+
+MODEL_REPO=$(abspath "${MODEL_REPO:-$ROOT/model_repository}")
+MODEL_DIR=$(abspath "${MODEL_DIR:-$ROOT/build/SmolLM2-135M-Instruct}")
+VENV=$ROOT/.venv
+PY=$VENV/bin/python
+
+if [[ ! -x $PY || ! -e $ROOT/build/triton_backends/python/triton_python_backend_stub ]]; then
+  echo "serve: run scripts/setup.sh (or make setup) first" >&2
+  exit 1
+fi
+
+# DESIGN 4: the venv's bin first on PATH, the interpreter's own lib dir first on LD_LIBRARY_PATH.
+PY_LIBDIR=$("$PY" -c 'import sysconfig, sys, os; print(sysconfig.get_config_var("LIBDIR") or os.path.join(sys.base_prefix, "lib"))')
+export PATH="$VENV/bin:$PATH"
+export LD_LIBRARY_PATH="$PY_LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export PADDLE_LLM_MODEL_DIR="$MODEL_DIR"
+
+cd "$ROOT"
+exec "$PY" "$ROOT/scripts/launch_triton.py" \
+  --model-repo "$MODEL_REPO" \
+  --model-dir "$MODEL_DIR" \
+  --http-port "${HTTP_PORT:-8000}" \
+  --grpc-port "${GRPC_PORT:-8001}" \
+  --metrics-port "${METRICS_PORT:-8002}" \
+  --exit-timeout-secs 5 \
+  --kill-after "${TRITON_KILL_AFTER:-15}" \
+  -- "$@"

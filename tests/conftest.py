@@ -1,0 +1,107 @@
+"""Shared fixtures. End-to-end tests take `triton_server` and carry `@pytest.mark.e2e`.
+
+`triton_server` (session scope) starts the real tritonserver of the nvidia-pytriton wheel through
+scripts/launch_triton.py on free loopback ports, with the repository's `model_repository/` and the
+converted default model `build/SmolLM2-135M-Instruct` (made by scripts/setup.sh), waits until
+/v2/health/ready answers (at most 180 s) and stops it cleanly at the end of the session. Server output
+goes to build/test-logs/tritonserver.log; its tail is shown when start-up fails.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+MODEL_REPO = REPO_ROOT / "model_repository"
+MODEL_DIR = REPO_ROOT / "build" / "SmolLM2-135M-Instruct"
+LOG_PATH = REPO_ROOT / "build" / "test-logs" / "tritonserver.log"
+READY_TIMEOUT_S = 180.0
+
+
+def _load_launcher():
+    """scripts/launch_triton.py as a module (scripts/ is not a package)."""
+    name = "launch_triton"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "scripts" / "launch_triton.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclasses.dataclass(frozen=True)
+class TritonEndpoints:
+    """Addresses of the running test server.
+
+    http_url / grpc_url are in tritonclient's form ("127.0.0.1:PORT", no scheme);
+    http_base is the same HTTP endpoint with its scheme, for plain HTTP requests (generate, health);
+    metrics_url is the full Prometheus URL ("http://127.0.0.1:PORT/metrics").
+    """
+
+    http_url: str
+    grpc_url: str
+    metrics_url: str
+    http_base: str
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    log_path: Path
+    handle: object  # launch_triton.TritonServer
+
+
+@pytest.fixture(scope="session")
+def triton_server():
+    launcher = _load_launcher()
+    if not (MODEL_DIR / "config.json").is_file():
+        pytest.fail(f"{MODEL_DIR} missing: run scripts/setup.sh (make setup)")
+    http_port, grpc_port, metrics_port = _three_free_ports(launcher)
+    handle = launcher.start_server(MODEL_REPO, http_port, grpc_port, metrics_port,
+                                   model_dir=MODEL_DIR, log_path=LOG_PATH)
+    failure = None
+    try:
+        handle.wait_ready(timeout=READY_TIMEOUT_S)
+    except (RuntimeError, TimeoutError) as e:
+        failure = str(e)
+    if failure is not None:
+        handle.stop()
+        print(f"\n----- tail of {LOG_PATH} -----\n{handle.log_tail(80)}----- end of log -----",
+              file=sys.stderr)
+        pytest.fail(f"tritonserver did not start: {failure}\n{_error_lines(LOG_PATH)}", pytrace=False)
+    try:
+        yield TritonEndpoints(
+            http_url=f"127.0.0.1:{http_port}",
+            grpc_url=f"127.0.0.1:{grpc_port}",
+            metrics_url=f"http://127.0.0.1:{metrics_port}/metrics",
+            http_base=f"http://127.0.0.1:{http_port}",
+            http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
+            log_path=LOG_PATH, handle=handle,
+        )
+    finally:
+        handle.stop()
+
+
+def _three_free_ports(launcher) -> tuple[int, int, int]:
+    ports: list[int] = []
+    while len(ports) < 3:
+        port = launcher.free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports[0], ports[1], ports[2]
+
+
+def _error_lines(path: Path, limit: int = 20) -> str:
+    """Triton's error lines (E<date> ...) and its final 'error:' line from the server log."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    errors = [l for l in lines if re.match(r"^E\d{4} ", l) or l.startswith("error:")]
+    errors = [l for l in errors if "CudaDriverHelper" not in l and "CUDA driver" not in l]
+    return "\n".join(errors[-limit:])
