@@ -98,7 +98,7 @@ class LLMEngine:
         if st is None:
             return None
         self.scheduler.finish(st.seq, "abort")
-        return self._output(st, "", finished=True)
+        return self._output(st, "", finished=True, reason="abort")
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)

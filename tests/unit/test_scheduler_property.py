@@ -1,0 +1,130 @@
+"""Property test of BlockManager + Scheduler: random add / step / finish / abort sequences.
+
+After every operation: no block leaks (free + used == total, used == blocks held by live
+sequences), no block is held by two live sequences while its ref count is 1, waiting and finished
+sequences hold no blocks, and every step respects max_num_seqs and max_num_batched_tokens and gives
+each scheduled sequence slots for all the tokens it computes. At the end all work drains (no
+livelock under preemption) and every block is free again.
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from paddle_llm_engine.block_manager import BlockManager
+from paddle_llm_engine.sampling_params import SamplingParams
+from paddle_llm_engine.scheduler import Scheduler
+from paddle_llm_engine.sequence import Sequence, SequenceStatus
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    @initialize(block_size=st.sampled_from([1, 2, 4, 8, 16]), max_model_len=st.integers(4, 96),
+                extra_blocks=st.integers(0, 12), max_num_seqs=st.integers(1, 6), extra_budget=st.integers(0, 80))
+    def setup(self, block_size, max_model_len, extra_blocks, max_num_seqs, extra_budget):
+        num_blocks = -(-max_model_len // block_size) + extra_blocks  # the engine guarantees one full sequence fits
+        self.bm = BlockManager(num_blocks, block_size)
+        self.sched = Scheduler(self.bm, max_num_seqs, max_num_seqs + extra_budget, max_model_len)
+        self.seqs: list[Sequence] = []
+        self.n = 0
+
+    # -- operations -----------------------------------------------------------------------------
+    @rule(data=st.data())
+    def add(self, data):
+        mml = self.sched.max_model_len
+        n_prompt = data.draw(st.integers(1, mml - 1), label="prompt_len")
+        max_tokens = data.draw(st.integers(1, mml - n_prompt), label="max_tokens")
+        seq = Sequence(f"r{self.n}", [3 + (self.n + k) % 97 for k in range(n_prompt)],
+                       SamplingParams(temperature=0.0), max_tokens, [2])
+        self.n += 1
+        self.seqs.append(seq)
+        self.sched.add(seq)
+
+    @rule()
+    def step(self):
+        self._step()
+
+    @rule(data=st.data())
+    def finish_running(self, data):
+        if self.sched.running:
+            seq = data.draw(st.sampled_from(self.sched.running), label="finish")
+            self.sched.finish(seq, "stop")
+
+    @rule(data=st.data())
+    def abort_any(self, data):
+        live = [s for s in self.seqs if not s.is_finished]
+        if live:
+            seq = data.draw(st.sampled_from(live), label="abort")
+            self.sched.finish(seq, "abort")
+            assert seq.block_table == [] and seq.is_finished
+
+    def _step(self) -> None:
+        sched, bm = self.sched, self.bm
+        out = sched.schedule()
+        assert len(out.scheduled) <= sched.max_num_seqs
+        assert len(sched.running) <= sched.max_num_seqs
+        assert out.num_tokens <= sched.max_num_batched_tokens
+        ids = [id(s.seq) for s in out.scheduled]
+        assert len(ids) == len(set(ids)), "a sequence scheduled twice in one step"
+        for p in out.preempted:
+            assert p.block_table == [] and p.num_computed_tokens == 0 and p.status == SequenceStatus.WAITING
+            assert id(p) not in ids
+        for s in out.scheduled:
+            assert s.num_new_tokens >= 1
+            assert s.seq.num_computed_tokens + s.num_new_tokens <= s.seq.num_tokens
+            assert len(s.seq.block_table) * bm.block_size >= s.seq.num_computed_tokens + s.num_new_tokens
+            assert s.seq.status == SequenceStatus.RUNNING
+        # What the engine does after the model ran.
+        sampled = [s for s in out.scheduled if s.samples]
+        for s in out.scheduled:
+            s.seq.num_computed_tokens += s.num_new_tokens
+        for s in sampled:
+            s.seq.append_token(5)
+            reason = s.seq.check_stop(sched.max_model_len)
+            if reason is not None:
+                sched.finish(s.seq, reason)
+
+    # -- invariants -----------------------------------------------------------------------------
+    @invariant()
+    def blocks_consistent(self):
+        if not hasattr(self, "bm"):
+            return
+        bm = self.bm
+        live = [s for s in self.seqs if not s.is_finished]
+        held = [b for s in live for b in s.block_table]
+        assert len(held) == len(set(held)), "two live sequences share a block"
+        assert all(bm.ref_counts[b] == 1 for b in held)
+        assert bm.num_free_blocks + bm.num_used_blocks == bm.num_blocks
+        assert bm.num_used_blocks == len(held), "leaked or double-counted block"
+        free = list(bm._free)
+        assert len(free) == len(set(free)) and set(free).isdisjoint(held)
+        assert all(bm.ref_counts[b] == 0 for b in free)
+        for s in self.seqs:
+            if s.is_finished or s.status == SequenceStatus.WAITING:
+                assert s.block_table == [], f"{s.status} sequence holds blocks"
+            else:
+                assert len(s.block_table) * bm.block_size >= s.num_computed_tokens
+        assert {id(s) for s in self.sched.running} == {id(s) for s in live if s.status == SequenceStatus.RUNNING}
+        assert {id(s) for s in self.sched.waiting} == {id(s) for s in live if s.status == SequenceStatus.WAITING}
+
+    def teardown(self):
+        if not hasattr(self, "bm"):
+            return
+        # Every remaining sequence must complete: at most (tokens to compute) steps, since each step
+        # in which nothing was preempted advances the oldest running sequence.
+        bound = 4 * sum(s.max_tokens + s.num_tokens for s in self.seqs) + 10
+        for _ in range(bound):
+            if not self.sched.has_work():
+                break
+            self._step()
+            self.blocks_consistent()
+        assert not self.sched.has_work(), "scheduler did not drain (livelock)"
+        assert all(s.is_finished for s in self.seqs)
+        assert all(s.num_output_tokens >= 1 or s.finish_reason in ("stop", "abort") for s in self.seqs)
+        assert self.bm.num_free_blocks == self.bm.num_blocks
+
+
+SchedulerMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None, database=None,
+                                              suppress_health_check=[HealthCheck.too_slow])
+TestScheduler = SchedulerMachine.TestCase
