@@ -13,7 +13,7 @@ from paddle_llm_engine.block_manager import BlockManager
 from paddle_llm_engine.config import EngineConfig, ModelConfig
 from paddle_llm_engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from paddle_llm_engine.errors import InvalidRequestError
-from paddle_llm_engine.outputs import RequestOutput
+from paddle_llm_engine.outputs import EngineStats, RequestOutput
 from paddle_llm_engine.platforms import resolve_device
 from paddle_llm_engine.runner import create_runner
 from paddle_llm_engine.sampling_params import SamplingParams
@@ -99,6 +99,14 @@ class LLMEngine:
             return None
         self.scheduler.finish(st.seq, "abort")
         return self._output(st, "", finished=True, reason="abort")
+
+    def stats(self) -> EngineStats:
+        sch = self.scheduler
+        return EngineStats(running=len(sch.running), waiting=len(sch.waiting),
+                           kv_used_blocks=self.block_manager.num_used_blocks,
+                           kv_free_blocks=self.block_manager.num_free_blocks,
+                           prefix_cache_hit_ratio=0.0,  # no prefix cache yet: no hits
+                           num_preemptions_total=sch.num_preemptions)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)

@@ -18,7 +18,7 @@ from typing import Callable
 
 from paddle_llm_engine.engine import LLMEngine
 from paddle_llm_engine.errors import EngineDeadError
-from paddle_llm_engine.outputs import RequestOutput
+from paddle_llm_engine.outputs import EngineStats, RequestOutput
 from paddle_llm_engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -28,9 +28,10 @@ OutputCallback = Callable[[RequestOutput], None]
 class EngineLoop:
     """Thread owner of one LLMEngine. Thread-safe submit / abort / shutdown."""
 
-    def __init__(self, engine: LLMEngine, on_step: Callable[[LLMEngine, float], None] | None = None):
+    def __init__(self, engine: LLMEngine, on_state: Callable[[EngineStats], None] | None = None):
         self.engine = engine
-        self.on_step = on_step  # called after each step with (engine, step seconds), e.g. metrics
+        # called on the engine thread after every step and every batch of commands (metrics gauges)
+        self.on_state = on_state
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._callbacks: dict[str, OutputCallback] = {}
         self._stopping = False
@@ -80,24 +81,33 @@ class EngineLoop:
             if out is not None and cb is not None:
                 cb(out)
 
+    def _drain_commands(self) -> bool:
+        """Apply queued commands; block for one when the engine is idle. False on "stop"."""
+        applied = False
+        try:
+            cmd = self._commands.get(block=not self.engine.has_unfinished_requests())
+            while True:
+                if cmd[0] == "stop":
+                    return False
+                self._apply(cmd)
+                applied = True
+                cmd = self._commands.get_nowait()
+        except queue.Empty:
+            pass
+        if applied and not self.engine.has_unfinished_requests():
+            self._report_state()  # e.g. an abort freed blocks and no step follows
+        return True
+
     def _run(self) -> None:
         while not self._stopping:
-            try:
-                block = not self.engine.has_unfinished_requests()
-                cmd = self._commands.get(block=block) if block else self._commands.get_nowait()
-                while True:
-                    if cmd[0] == "stop":
-                        return
-                    self._apply(cmd)
-                    cmd = self._commands.get_nowait()
-            except queue.Empty:
-                pass
+            if not self._drain_commands():
+                return
             if not self.engine.has_unfinished_requests():
                 continue
             try:
                 t0 = time.monotonic()
                 outputs = self.engine.step()
-                dt = time.monotonic() - t0
+                self.last_step_seconds = time.monotonic() - t0
             except Exception as e:  # engine failure: fail everyone, stop, report not ready
                 self.error = f"{type(e).__name__}: {e}"
                 log.error("engine step failed, failing %d requests:\n%s", len(self._callbacks),
@@ -117,5 +127,11 @@ class EngineLoop:
                     cb(out)
                 except Exception:
                     log.exception("output callback of request %s failed", out.request_id)
-            if self.on_step is not None:
-                self.on_step(self.engine, dt)
+            self._report_state()
+
+    def _report_state(self) -> None:
+        if self.on_state is not None:
+            try:
+                self.on_state(self.engine.stats())
+            except Exception:
+                log.exception("state callback failed")

@@ -31,3 +31,20 @@ class RequestOutput:
     logprobs: list = field(default_factory=list)
     cumulative_logprob: float = 0.0
     logits: "object | None" = None  # np.ndarray [V] fp32, only with LLMEngine.step(return_logits=True)
+
+
+@dataclass
+class EngineStats:
+    """Engine gauges, read on the engine thread (counts of requests and KV blocks)."""
+
+    running: int
+    waiting: int
+    kv_used_blocks: int
+    kv_free_blocks: int
+    prefix_cache_hit_ratio: float
+    num_preemptions_total: int
+
+    @property
+    def kv_usage_ratio(self) -> float:
+        total = self.kv_used_blocks + self.kv_free_blocks
+        return self.kv_used_blocks / total if total else 0.0

@@ -16,6 +16,7 @@ from paddle_llm_engine import EngineConfig, EngineLoop, InvalidRequestError, LLM
 from paddle_llm_engine.request_params import from_vllm_json
 from paddle_llm_engine.serving import tensors as T
 from paddle_llm_engine.serving.config_params import engine_config_from_triton
+from paddle_llm_engine.serving.metrics import LLMMetrics
 from paddle_llm_engine.serving.responder import Responder, ResponseOptions
 from paddle_llm_engine.tokenizer import encode_prompt
 
@@ -29,10 +30,18 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException("model `llm` must use the decoupled transaction policy")
         cfg: EngineConfig = engine_config_from_triton(model_config, args)
         log.warning("llm instance %s: %s", args.get("model_instance_name"), cfg)
+        self.metrics = LLMMetrics({"model": args["model_name"], "version": str(args["model_version"]),
+                                   "instance": args["model_instance_name"]})
         self.engine = LLMEngine(cfg)
         self.tokenizer = self.engine.tokenizer
-        self.loop = EngineLoop(self.engine)
+        self.loop = EngineLoop(self.engine, on_state=self.metrics.on_state)
         self.responder = Responder(abort=self.loop.abort, decode_token=self._decode_token)
+        self.metrics.on_state(self.engine.stats())
+
+    def _on_output(self, out):
+        """Engine-thread callback: both consumers only enqueue."""
+        self.metrics.on_output(out)
+        self.responder.push(out)
 
     def _decode_token(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
@@ -43,11 +52,13 @@ class TritonPythonModel:
             try:
                 self._submit(request, sender)
             except InvalidRequestError as e:
+                self.metrics.on_rejected()
                 sender.send(pb_utils.InferenceResponse(
                     error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG)),
                     flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             except Exception as e:  # engine dead or unexpected: fail this request, keep serving
                 log.exception("request rejected")
+                self.metrics.on_rejected()
                 sender.send(pb_utils.InferenceResponse(
                     error=pb_utils.TritonError(f"{type(e).__name__}: {e}", pb_utils.TritonError.INTERNAL)),
                     flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -90,8 +101,9 @@ class TritonPythonModel:
             params.logprobs = 0
         rid = uuid.uuid4().hex
         self.responder.register(rid, sender, opts)
-        self.loop.submit(rid, prompt_ids, params, self.responder.push)
+        self.loop.submit(rid, prompt_ids, params, self._on_output)
 
     def finalize(self):
         self.loop.shutdown()
         self.responder.shutdown()
+        self.metrics.shutdown()
