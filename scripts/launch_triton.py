@@ -319,13 +319,15 @@ class TritonServer:
 def server_command(model_repo, http_port, grpc_port, metrics_port, backend_dir=None,
                    exit_timeout: int = 5, extra_args=()) -> list[str]:
     backend_dir = Path(backend_dir or REPO_ROOT / "build" / "triton_backends")
+    # Loopback unless the operator says otherwise (containers publishing ports set BIND_ADDRESS).
+    host = os.environ.get("BIND_ADDRESS", "127.0.0.1")
     return [
         str(tritonserver_binary()),
         "--model-repository", str(Path(model_repo).resolve()),
         "--backend-directory", str(backend_dir.resolve()),
-        "--http-address", "127.0.0.1", "--http-port", str(http_port),
-        "--grpc-address", "127.0.0.1", "--grpc-port", str(grpc_port),
-        "--metrics-address", "127.0.0.1", "--metrics-port", str(metrics_port),
+        "--http-address", host, "--http-port", str(http_port),
+        "--grpc-address", host, "--grpc-port", str(grpc_port),
+        "--metrics-address", host, "--metrics-port", str(metrics_port),
         "--allow-gpu-metrics", "false",
         "--pinned-memory-pool-byte-size", "0",
         "--disable-auto-complete-config",

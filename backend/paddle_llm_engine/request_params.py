@@ -134,7 +134,8 @@ def from_vllm_json(text: str | bytes | None) -> SamplingParams:
 def from_trtllm_tensors(values: dict) -> SamplingParams:
     """Map TensorRT-LLM ensemble inputs (already reduced to Python scalars / lists) to params.
 
-    Accepted keys: max_tokens, temperature, top_k, top_p, seed / random_seed, min_tokens /
+    Defaults follow TensorRT-LLM, not vLLM: without top_k and top_p (or both 0) decoding is greedy;
+    top_p 0 means no nucleus filter. Accepted keys: max_tokens, temperature, top_k, top_p, seed / random_seed, min_tokens /
     min_length, repetition_penalty, presence_penalty, frequency_penalty, end_id, stop_words,
     beam_width (1 only), num_return_sequences (1 only), length_penalty (1.0 only: it only acts in
     beam search). Raises InvalidRequestError naming the tensor.
@@ -160,6 +161,12 @@ def from_trtllm_tensors(values: dict) -> SamplingParams:
     ):
         if key in values:
             setattr(p, attr, conv(values[key]))
+    # TensorRT-LLM semantics: top_p 0 means "no nucleus filter", and with neither top_k nor top_p
+    # set the runtime decodes greedily whatever the temperature.
+    if p.top_p == 0.0:
+        p.top_p = 1.0
+    if values.get("top_k", 0) == 0 and values.get("top_p", 0.0) == 0.0:
+        p.temperature = 0.0
     if "end_id" in values:
         p.eos_token_ids = [int(values["end_id"])]
     if values.get("stop_words"):
