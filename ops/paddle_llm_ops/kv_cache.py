@@ -7,7 +7,14 @@ context of one head is contiguous and attention runs as plain batched matmuls (P
 is several times slower on strided or broadcast operands).
 """
 
+import functools
+
 import paddle
+
+
+@functools.lru_cache(maxsize=8)
+def _head_index(num_heads: int, place: str) -> paddle.Tensor:
+    return paddle.arange(num_heads, dtype="int64").unsqueeze(1)
 
 
 def write_kv(
@@ -18,7 +25,6 @@ def write_kv(
     slot_mapping: paddle.Tensor,
 ) -> None:
     """In place. k, v: [T, num_kv_heads, head_dim]; slot_mapping: [T] int64 slot per token."""
-    heads = paddle.arange(k_cache.shape[0], dtype="int64").unsqueeze(1)
-    index = (heads, slot_mapping.unsqueeze(0))
+    index = (_head_index(k_cache.shape[0], str(k_cache.place)), slot_mapping.unsqueeze(0))
     paddle.index_put_(k_cache, index, k.transpose([1, 0, 2]))
     paddle.index_put_(v_cache, index, v.transpose([1, 0, 2]))

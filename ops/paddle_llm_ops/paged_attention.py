@@ -8,8 +8,16 @@ kv_cache.py), so the same code serves fresh prompts, chunked prefill and recompu
 
 from __future__ import annotations
 
+import numpy as np
 import paddle
 import paddle.nn.functional as F
+
+
+def _causal_mask(n: int, start_pos: int) -> paddle.Tensor:
+    """[n, start_pos + n] additive fp32: row i may see columns 0 .. start_pos + i."""
+    qpos = np.arange(start_pos, start_pos + n)[:, None]
+    kpos = np.arange(start_pos + n)[None, :]
+    return paddle.to_tensor(np.where(kpos <= qpos, 0.0, -np.inf).astype(np.float32))
 
 
 def prefill_attention(
@@ -37,9 +45,7 @@ def prefill_attention(
     scores = (paddle.matmul(qg, k, transpose_y=True) * scale).reshape([kvh, g, n, ctx])
     if n > 1:
         # query i sits at position start_pos + i and sees keys 0 .. start_pos + i.
-        qpos = paddle.arange(start_pos, start_pos + n, dtype="int64").unsqueeze(1)
-        kpos = paddle.arange(0, ctx, dtype="int64").unsqueeze(0)
-        scores = scores + paddle.where(kpos <= qpos, 0.0, float("-inf")).astype(scores.dtype)
+        scores = scores + _causal_mask(n, start_pos)
     probs = F.softmax(scores, axis=-1).reshape([kvh, g * n, ctx])
     out = paddle.matmul(probs, v).reshape([kvh, g, n, d])
     return out.transpose([2, 0, 1, 3]).reshape([n, nh * d])
