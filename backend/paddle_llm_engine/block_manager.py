@@ -1,26 +1,42 @@
-"""Paged KV cache bookkeeping: which blocks are free and which sequence holds which block.
+"""Paged KV cache bookkeeping: which blocks are free, which sequence holds which block, and the
+prefix cache.
 
-Blocks are reference counted so that a later prefix cache can share full blocks between
-sequences; a block returns to the free list only when its count drops to zero.
+Prefix cache (as in vLLM's automatic prefix caching): a block that is full of computed tokens gets
+a hash chained over its tokens and all tokens before it, so equal hashes mean equal prefixes. A new
+sequence whose leading full blocks have known hashes takes those blocks instead of recomputing
+them; shared blocks are reference counted and return to the free pool only when no live sequence
+holds them. A free block keeps its hash (it is "cached") until it is handed out for new content,
+least recently freed first; cached free blocks count as free.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict
 
 from paddle_llm_engine.sequence import Sequence
+
+
+def chain_hash(parent: int | None, tokens: tuple[int, ...]) -> int:
+    """Hash of a full block given the hash of the block before it (None for the first)."""
+    return hash((parent, tokens))
 
 
 class BlockManager:
     """Owns `num_blocks` KV blocks of `block_size` tokens each. Never touches tensors."""
 
-    def __init__(self, num_blocks: int, block_size: int):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False):
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be > 0, got {num_blocks}")
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
         self.ref_counts = [0] * num_blocks
-        self._free: deque[int] = deque(range(num_blocks))
+        self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
+        self._block_hash: list[int | None] = [None] * num_blocks
+        self._block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
+        self._hash_to_block: dict[int, int] = {}
+        self.prefix_query_tokens = 0  # prompt tokens looked up in the prefix cache
+        self.prefix_hit_tokens = 0    # of which found
 
     @property
     def num_free_blocks(self) -> int:
@@ -30,6 +46,10 @@ class BlockManager:
     def num_used_blocks(self) -> int:
         return self.num_blocks - len(self._free)
 
+    @property
+    def prefix_cache_hit_ratio(self) -> float:
+        return self.prefix_hit_tokens / self.prefix_query_tokens if self.prefix_query_tokens else 0.0
+
     def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
         """Extra blocks `seq` needs so that its first `num_tokens` tokens have a slot."""
         need = -(-num_tokens // self.block_size)
@@ -38,22 +58,94 @@ class BlockManager:
     def can_allocate(self, n: int) -> bool:
         return n <= len(self._free)
 
+    def _take_free(self) -> int:
+        b, _ = self._free.popitem(last=False)  # least recently freed first: keeps hot prefixes
+        h = self._block_hash[b]
+        if h is not None:  # evict its cached content
+            if self._hash_to_block.get(h) == b:
+                del self._hash_to_block[h]
+            self._block_hash[b] = None
+            self._block_tokens[b] = None
+        return b
+
     def allocate(self, seq: Sequence, num_tokens: int) -> None:
         """Grow seq.block_table to cover `num_tokens` tokens. Raises RuntimeError when short."""
         n = self.blocks_needed(seq, num_tokens)
         if n > len(self._free):
             raise RuntimeError(f"KV cache exhausted: need {n} blocks, {len(self._free)} free")
         for _ in range(n):
-            b = self._free.popleft()
+            b = self._take_free()
             assert self.ref_counts[b] == 0, f"block {b} on the free list is referenced"
             self.ref_counts[b] = 1
             seq.block_table.append(b)
 
+    # -- prefix cache ------------------------------------------------------------------------------
+    def _match_prefix(self, seq: Sequence) -> list[int]:
+        """Cached blocks for seq's leading full blocks. The last token is never covered: its
+        logits are needed, so at least one token is always computed."""
+        bs = self.block_size
+        max_blocks = (seq.num_tokens - 1) // bs
+        hits, parent = [], None
+        for i in range(max_blocks):
+            tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+            h = chain_hash(parent, tokens)
+            b = self._hash_to_block.get(h)
+            if b is None or self._block_tokens[b] != tokens:
+                break
+            hits.append(b)
+            parent = h
+        return hits
+
+    def allocate_prompt(self, seq: Sequence, budget: int) -> int | None:
+        """Admit a sequence that holds no blocks: reuse cached prefix blocks, then allocate blocks
+        for min(remaining tokens, budget) more. Sets seq.num_computed_tokens to the cached length.
+        Returns the number of tokens to compute now, or None (nothing changed) when the free
+        blocks do not suffice."""
+        assert not seq.block_table and seq.num_computed_tokens == 0
+        hits = self._match_prefix(seq) if self.enable_prefix_caching else []
+        cached = len(hits) * self.block_size
+        n = min(seq.num_tokens - cached, budget)
+        need = -(-(cached + n) // self.block_size) - len(hits)
+        free_hits = sum(1 for b in hits if self.ref_counts[b] == 0)
+        if need + free_hits > len(self._free):
+            return None
+        for b in hits:
+            if self.ref_counts[b] == 0:
+                del self._free[b]
+            self.ref_counts[b] += 1
+        seq.block_table = list(hits)
+        seq.block_hashes = [self._block_hash[b] for b in hits]
+        seq.num_computed_tokens = cached
+        self.allocate(seq, cached + n)
+        if self.enable_prefix_caching:
+            self.prefix_query_tokens += seq.num_tokens
+            self.prefix_hit_tokens += cached
+        return n
+
+    def commit_full_blocks(self, seq: Sequence) -> None:
+        """Register the hashes of blocks that became full of computed tokens (after a step)."""
+        if not self.enable_prefix_caching:
+            return
+        bs = self.block_size
+        full = seq.num_computed_tokens // bs
+        for i in range(len(seq.block_hashes), full):
+            parent = seq.block_hashes[-1] if seq.block_hashes else None
+            tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+            h = chain_hash(parent, tokens)
+            seq.block_hashes.append(h)
+            b = seq.block_table[i]
+            if h not in self._hash_to_block and self._block_hash[b] is None:
+                self._hash_to_block[h] = b
+                self._block_hash[b] = h
+                self._block_tokens[b] = tokens
+
     def free(self, seq: Sequence) -> None:
-        """Drop seq's references; blocks no one references go back to the free list."""
+        """Drop seq's references; blocks no one references go back to the free pool (their cached
+        content stays findable until the block is reused)."""
         for b in reversed(seq.block_table):
             self.ref_counts[b] -= 1
             assert self.ref_counts[b] >= 0, f"block {b} freed twice"
             if self.ref_counts[b] == 0:
-                self._free.append(b)
+                self._free[b] = None
         seq.block_table = []
+        seq.block_hashes = []

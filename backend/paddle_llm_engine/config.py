@@ -8,9 +8,31 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
+# HF transformers' defaults for fields a config.json may omit, where a family's config class differs
+# from Llama's (LlamaConfig: head_dim hidden/heads, untied, rope_theta 1e4, eps 1e-6, 2048 positions).
+# Real checkpoints set these fields; the table only keeps an omitted one from meaning something else here.
+_FAMILY_DEFAULTS: dict[str, dict] = {
+    "llama": {},
+    "qwen2": {"max_position_embeddings": 32768},
+    "qwen3": {"head_dim": 128, "max_position_embeddings": 32768},
+    "ernie4_5": {"head_dim": 128, "tie_word_embeddings": True, "rope_theta": 500000.0, "rms_norm_eps": 1e-5,
+                 "max_position_embeddings": 131072},
+}
+_LLAMA_DEFAULTS = {"head_dim": None, "tie_word_embeddings": False, "rope_theta": 10000.0, "rms_norm_eps": 1e-6,
+                   "max_position_embeddings": 2048}
+
+
 @dataclass
 class ModelConfig:
-    """Architecture hyper-parameters from an HF `config.json` (Llama family field names)."""
+    """Architecture hyper-parameters from an HF `config.json` (Llama family field names).
+
+    Family-specific switches are kept as config.json names them; which projections they affect is
+    decided per family in `models/` (e.g. Llama's attention_bias covers q/k/v/o, Qwen2 always has
+    q/k/v biases, ERNIE 4.5's use_bias covers every Linear).
+    rope_scaling: the normalized rope dict ("rope_type" set, "original_max_position_embeddings"
+    filled in as HF does) or None for plain rotary; read from `rope_scaling` or transformers 5's
+    `rope_parameters`, whichever the file has.
+    """
 
     model_type: str
     vocab_size: int
@@ -27,35 +49,64 @@ class ModelConfig:
     tie_word_embeddings: bool
     attention_bias: bool
     eos_token_ids: list[int] = field(default_factory=list)
+    mlp_bias: bool = False           # Llama: gate/up/down biases
+    use_bias: bool = False           # ERNIE 4.5: biases on every Linear except lm_head
+    use_sliding_window: bool = False  # Qwen2/3: sliding-window layers (not supported: the model refuses it)
+    hidden_act: str = "silu"
 
     @classmethod
     def from_dir(cls, model_dir: str | os.PathLike) -> "ModelConfig":
         """Read config.json (+ generation_config.json for EOS ids). Raises FileNotFoundError."""
         d = Path(model_dir)
         cfg = json.loads((d / "config.json").read_text())
+        model_type = cfg.get("model_type", "llama")
+        dflt = {**_LLAMA_DEFAULTS, **_FAMILY_DEFAULTS.get(model_type, {})}
         heads = cfg["num_attention_heads"]
         eos = _as_list(cfg.get("eos_token_id"))
         gen_path = d / "generation_config.json"
         if gen_path.is_file():
             gen_eos = _as_list(json.loads(gen_path.read_text()).get("eos_token_id"))
             eos = gen_eos or eos  # generation_config is what HF generate() uses
+        max_pos = cfg.get("max_position_embeddings", dflt["max_position_embeddings"])
+        rope_theta, rope_scaling = _rope(cfg, dflt["rope_theta"], max_pos)
         return cls(
-            model_type=cfg.get("model_type", "llama"),
+            model_type=model_type,
             vocab_size=cfg["vocab_size"],
             hidden_size=cfg["hidden_size"],
             intermediate_size=cfg["intermediate_size"],
             num_hidden_layers=cfg["num_hidden_layers"],
             num_attention_heads=heads,
-            num_key_value_heads=cfg.get("num_key_value_heads", heads),
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-            rope_theta=cfg.get("rope_theta", 10000.0),
-            rope_scaling=cfg.get("rope_scaling"),
-            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
-            tie_word_embeddings=cfg.get("tie_word_embeddings", False),
-            attention_bias=cfg.get("attention_bias", False),
+            num_key_value_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or dflt["head_dim"] or cfg["hidden_size"] // heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", dflt["rms_norm_eps"]),
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
+            max_position_embeddings=max_pos,
+            tie_word_embeddings=cfg.get("tie_word_embeddings", dflt["tie_word_embeddings"]),
+            attention_bias=bool(cfg.get("attention_bias", False)),
             eos_token_ids=eos,
+            mlp_bias=bool(cfg.get("mlp_bias", False)),
+            use_bias=bool(cfg.get("use_bias", False)),
+            use_sliding_window=bool(cfg.get("use_sliding_window", False)),
+            hidden_act=cfg.get("hidden_act", "silu"),
         )
+
+
+def _rope(cfg: dict, default_theta: float, max_pos: int) -> tuple[float, dict | None]:
+    """(rope_theta, normalized rope_scaling or None) from either config.json layout, with HF's precedence:
+    `rope_scaling` (transformers 4) wins over `rope_parameters` (transformers 5); a theta inside the
+    dict wins over the top-level `rope_theta`; a top-level `partial_rotary_factor` joins the dict."""
+    params = dict(cfg.get("rope_scaling") or cfg.get("rope_parameters") or {})
+    theta = float(params.pop("rope_theta", cfg.get("rope_theta", default_theta)))
+    if "partial_rotary_factor" in cfg:
+        params.setdefault("partial_rotary_factor", cfg["partial_rotary_factor"])
+    params["rope_type"] = params.get("rope_type", params.pop("type", "default"))
+    params.pop("type", None)
+    if params["rope_type"] in ("llama3", "yarn", "longrope"):
+        params.setdefault("original_max_position_embeddings", cfg.get("original_max_position_embeddings", max_pos))
+    if params == {"rope_type": "default"} or params == {"rope_type": "default", "partial_rotary_factor": 1.0}:
+        return theta, None
+    return theta, params
 
 
 def _as_list(v) -> list[int]:
@@ -77,6 +128,8 @@ class EngineConfig:
     max_num_batched_tokens: tokens in one step (prefill chunk budget).
     max_model_len: prompt + output limit per sequence; 0 means the model's max_position_embeddings.
     num_threads: CPU threads for Paddle kernels; 0 means all cores.
+    enable_prefix_caching: 1 reuses KV blocks of equal prompt prefixes across requests; 0 disables.
+    max_waiting_requests: queue bound; past it new requests fail with "server busy".
     """
 
     model_dir: str
@@ -89,7 +142,8 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int = 0
     num_threads: int = 0
-    seed: int = 0
+    enable_prefix_caching: int = 1
+    max_waiting_requests: int = 1024
 
     def validate(self, model: ModelConfig) -> None:
         """Resolve defaults against the model and check ranges; raises ValueError naming the field."""
@@ -109,5 +163,7 @@ class EngineConfig:
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
                 f"({self.max_num_seqs})"
             )
+        if self.max_waiting_requests <= 0:
+            raise ValueError(f"max_waiting_requests must be > 0, got {self.max_waiting_requests}")
         if self.num_kv_blocks < 0 or self.kv_cache_memory_bytes <= 0:
             raise ValueError("num_kv_blocks must be >= 0 and kv_cache_memory_bytes > 0")

@@ -5,6 +5,9 @@ Text deltas come from decoding a short window of tokens before and after the new
 SentencePiece and byte-level BPE tokenizers attach to tokens, and a delta that ends in U+FFFD (a
 UTF-8 character split across tokens) is held back until the character completes.
 
+When the model itself emits bytes that are not valid UTF-8 (a truncated character followed by a
+new one), the decoder's U+FFFD for them is dropped: no client ever receives U+FFFD, streamed or not.
+
 Stop strings are matched on the accumulated text, so they match across token boundaries; text
 that could still be the start of a stop string is held back, and the stop string itself is never
 emitted.
@@ -37,15 +40,15 @@ class IncrementalDetokenizer:
         if len(full) > len(prefix) and not full.endswith(REPLACEMENT):
             self.prefix_offset = self.read_offset
             self.read_offset = len(self.ids)
-            return full[len(prefix):]
+            return full[len(prefix):].replace(REPLACEMENT, "")
         return ""
 
     def flush(self) -> str:
-        """At the end of generation: the held-back text, minus an incomplete trailing character."""
+        """At the end of generation: the held-back text, minus bytes that never formed a character."""
         prefix = self._decode(self.ids[self.prefix_offset:self.read_offset])
         full = self._decode(self.ids[self.prefix_offset:])
         self.prefix_offset = self.read_offset = len(self.ids)
-        return full[len(prefix):].rstrip(REPLACEMENT) if len(full) > len(prefix) else ""
+        return full[len(prefix):].replace(REPLACEMENT, "") if len(full) > len(prefix) else ""
 
 
 class StopStringMatcher:

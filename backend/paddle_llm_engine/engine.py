@@ -12,7 +12,7 @@ import time
 from paddle_llm_engine.block_manager import BlockManager
 from paddle_llm_engine.config import EngineConfig, ModelConfig
 from paddle_llm_engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
-from paddle_llm_engine.errors import InvalidRequestError
+from paddle_llm_engine.errors import EngineBusyError, InvalidRequestError
 from paddle_llm_engine.outputs import EngineStats, RequestOutput
 from paddle_llm_engine.platforms import resolve_device
 from paddle_llm_engine.runner import create_runner
@@ -49,7 +49,8 @@ class LLMEngine:
         t0 = time.monotonic()
         self.runner = create_runner(config, self.model_config, self.device)
         self.tokenizer = load_tokenizer(config.model_dir)
-        self.block_manager = BlockManager(self.runner.num_kv_blocks, config.block_size)
+        self.block_manager = BlockManager(self.runner.num_kv_blocks, config.block_size,
+                                          enable_prefix_caching=bool(config.enable_prefix_caching))
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.max_model_len)
         self.requests: dict[str, _RequestState] = {}
@@ -72,6 +73,9 @@ class LLMEngine:
         """Queue a request. Raises InvalidRequestError (field named) or ValueError (duplicate id)."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in flight")
+        if len(self.scheduler.waiting) >= self.config.max_waiting_requests:
+            raise EngineBusyError(f"server busy: {len(self.scheduler.waiting)} requests already waiting "
+                                  f"(max_waiting_requests); retry later")
         n = len(prompt_token_ids)
         limit = self.config.max_model_len
         if n == 0:
@@ -105,7 +109,7 @@ class LLMEngine:
         return EngineStats(running=len(sch.running), waiting=len(sch.waiting),
                            kv_used_blocks=self.block_manager.num_used_blocks,
                            kv_free_blocks=self.block_manager.num_free_blocks,
-                           prefix_cache_hit_ratio=0.0,  # no prefix cache yet: no hits
+                           prefix_cache_hit_ratio=self.block_manager.prefix_cache_hit_ratio,
                            num_preemptions_total=sch.num_preemptions)
 
     def has_unfinished_requests(self) -> bool:
@@ -123,6 +127,7 @@ class LLMEngine:
         self.num_steps += 1
         for s in sched.scheduled:
             s.seq.num_computed_tokens += s.num_new_tokens
+            self.block_manager.commit_full_blocks(s.seq)
         outputs = []
         for row, (s, token) in enumerate(zip(result.sampled, result.token_ids.tolist())):
             seq = s.seq

@@ -17,7 +17,7 @@ import traceback
 from typing import Callable
 
 from paddle_llm_engine.engine import LLMEngine
-from paddle_llm_engine.errors import EngineDeadError
+from paddle_llm_engine.errors import EngineBusyError, EngineDeadError
 from paddle_llm_engine.outputs import EngineStats, RequestOutput
 from paddle_llm_engine.sampling_params import SamplingParams
 
@@ -67,11 +67,11 @@ class EngineLoop:
             _, rid, ids, params, cb, t = cmd
             try:
                 self.engine.add_request(rid, ids, params, arrival_time=t)
-            except ValueError as e:  # InvalidRequestError included
-                field = getattr(e, "field", None)
+            except (ValueError, EngineBusyError) as e:  # InvalidRequestError included
+                code = "unavailable" if isinstance(e, EngineBusyError) else "invalid_arg"
                 cb(RequestOutput(request_id=rid, finished=True, finish_reason="error", error=str(e),
-                                 num_prompt_tokens=len(ids), arrival_time=t))
-                if field is None:
+                                 error_code=code, num_prompt_tokens=len(ids), arrival_time=t))
+                if getattr(e, "field", None) is None:
                     log.warning("request %s rejected: %s", rid, e)
                 return
             self._callbacks[rid] = cb
@@ -114,7 +114,7 @@ class EngineLoop:
                           traceback.format_exc())
                 for rid, cb in list(self._callbacks.items()):
                     cb(RequestOutput(request_id=rid, finished=True, finish_reason="error",
-                                     error=f"engine failure: {self.error}"))
+                                     error=f"engine failure: {self.error}", error_code="internal"))
                 self._callbacks.clear()
                 return
             for out in outputs:

@@ -11,3 +11,7 @@ class InvalidRequestError(ValueError):
 
 class EngineDeadError(RuntimeError):
     """The engine loop stopped after an internal failure; no request can be served."""
+
+
+class EngineBusyError(RuntimeError):
+    """The waiting queue is full; the request was not queued (mapped to Triton UNAVAILABLE)."""

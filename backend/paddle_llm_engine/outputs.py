@@ -22,6 +22,7 @@ class RequestOutput:
     finished: bool = False
     finish_reason: str | None = None
     error: str | None = None
+    error_code: str = "invalid_arg"  # with finish_reason "error": invalid_arg | unavailable | internal
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     arrival_time: float = 0.0

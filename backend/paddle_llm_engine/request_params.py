@@ -161,6 +161,7 @@ def from_trtllm_tensors(values: dict) -> SamplingParams:
     ):
         if key in values:
             setattr(p, attr, conv(values[key]))
+    p.validate_ranges_before_defaults()
     # TensorRT-LLM semantics: top_p 0 means "no nucleus filter", and with neither top_k nor top_p
     # set the runtime decodes greedily whatever the temperature.
     if p.top_p == 0.0:

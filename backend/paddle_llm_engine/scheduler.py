@@ -5,7 +5,8 @@ Policy per step (token budget `max_num_batched_tokens`, at most `max_num_seqs` s
    recompute) gets min(pending, budget left); a decoding one gets 1 token. When the KV cache has
    no block for it, the newest running sequence is preempted (blocks freed, recomputed later).
 2. Then waiting sequences in arrival order, as long as the budget, the sequence limit and the
-   free blocks allow; a prompt longer than the budget left is chunked (chunked prefill).
+   free blocks allow; leading blocks found in the prefix cache are not recomputed, and a prompt
+   longer than the budget left is chunked (chunked prefill).
 A step therefore mixes prefills and decodes. The scheduler never touches tensors.
 """
 
@@ -90,11 +91,10 @@ class Scheduler:
         # Admit waiting sequences (preempted ones were put back at the front).
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not out.preempted:
             seq = self.waiting[0]
-            n = min(seq.num_pending_tokens, budget)
-            if not self.blocks.can_allocate(self.blocks.blocks_needed(seq, seq.num_computed_tokens + n)):
+            n = self.blocks.allocate_prompt(seq, budget)  # reuses cached prefix blocks
+            if n is None:
                 break
             self.waiting.popleft()
-            self.blocks.allocate(seq, seq.num_computed_tokens + n)
             seq.status = SequenceStatus.RUNNING
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = time.monotonic()

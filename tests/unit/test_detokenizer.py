@@ -65,6 +65,19 @@ def test_special_tokens_skipped_or_kept(smollm2_tokenizer):
     assert "".join(stream(tok, [], ids, skip=False)) == "Hi there<|im_end|>"
 
 
+def test_invalid_utf8_from_the_model_never_reaches_the_client(smollm2_tokenizer):
+    """Seen with SmolLM2 on "Translate to Chinese": a truncated 3-byte character (EF BC) followed by a
+    whole one. The decoder renders the dead bytes as U+FFFD; we drop them (case C1)."""
+    tok = smollm2_tokenizer
+    bang = list(tok.encode("！"))
+    assert tok.decode([bang[0]]) == REPLACEMENT  # the first byte token alone is incomplete
+    ids = [bang[0]] + bang + [bang[0]]  # dead prefix, the real character, a dead tail
+    d = IncrementalDetokenizer(tok, [1, 9690, 198])
+    deltas = [d.add([i]) for i in ids] + [d.flush()]
+    assert all(REPLACEMENT not in x for x in deltas)
+    assert "".join(deltas) == "！"
+
+
 def test_flush_drops_incomplete_trailing_character(smollm2_tokenizer):
     tok = smollm2_tokenizer
     ids = tok.encode("ok 🌊", add_special_tokens=False)

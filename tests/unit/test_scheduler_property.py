@@ -1,7 +1,9 @@
 """Property test of BlockManager + Scheduler: random add / step / finish / abort sequences.
 
-After every operation: no block leaks (free + used == total, used == blocks held by live
-sequences), no block is held by two live sequences while its ref count is 1, waiting and finished
+Runs with and without the prefix cache (prompts then share prefixes on purpose). After every
+operation: no block leaks (free + used == total, used == distinct blocks held by live sequences),
+every block's ref count equals the number of live sequences holding it, a block is shared only when
+it is a full, hashed block whose tokens equal every holder's tokens at that position, waiting and finished
 sequences hold no blocks, and every step respects max_num_seqs and max_num_batched_tokens and gives
 each scheduled sequence slots for all the tokens it computes. At the end all work drains (no
 livelock under preemption) and every block is free again.
@@ -21,10 +23,11 @@ from paddle_llm_engine.sequence import Sequence, SequenceStatus
 
 class SchedulerMachine(RuleBasedStateMachine):
     @initialize(block_size=st.sampled_from([1, 2, 4, 8, 16]), max_model_len=st.integers(4, 96),
-                extra_blocks=st.integers(0, 12), max_num_seqs=st.integers(1, 6), extra_budget=st.integers(0, 80))
-    def setup(self, block_size, max_model_len, extra_blocks, max_num_seqs, extra_budget):
+                extra_blocks=st.integers(0, 12), max_num_seqs=st.integers(1, 6), extra_budget=st.integers(0, 80),
+                prefix_caching=st.booleans())
+    def setup(self, block_size, max_model_len, extra_blocks, max_num_seqs, extra_budget, prefix_caching):
         num_blocks = -(-max_model_len // block_size) + extra_blocks  # the engine guarantees one full sequence fits
-        self.bm = BlockManager(num_blocks, block_size)
+        self.bm = BlockManager(num_blocks, block_size, enable_prefix_caching=prefix_caching)
         self.sched = Scheduler(self.bm, max_num_seqs, max_num_seqs + extra_budget, max_model_len)
         self.seqs: list[Sequence] = []
         self.n = 0
@@ -35,8 +38,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         mml = self.sched.max_model_len
         n_prompt = data.draw(st.integers(1, mml - 1), label="prompt_len")
         max_tokens = data.draw(st.integers(1, mml - n_prompt), label="max_tokens")
-        seq = Sequence(f"r{self.n}", [3 + (self.n + k) % 97 for k in range(n_prompt)],
-                       SamplingParams(temperature=0.0), max_tokens, [2])
+        # one of two shared prefixes (so the prefix cache has hits), then a request-specific tail
+        family = data.draw(st.integers(0, 1), label="prefix")
+        shared = data.draw(st.integers(0, n_prompt), label="shared_len")
+        tokens = [10 + family * 50 + k % 40 for k in range(shared)] + [3 + (self.n + k) % 97
+                                                                      for k in range(n_prompt - shared)]
+        seq = Sequence(f"r{self.n}", tokens, SamplingParams(temperature=0.0), max_tokens, [2])
         self.n += 1
         self.seqs.append(seq)
         self.sched.add(seq)
@@ -79,6 +86,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         sampled = [s for s in out.scheduled if s.samples]
         for s in out.scheduled:
             s.seq.num_computed_tokens += s.num_new_tokens
+            bm.commit_full_blocks(s.seq)
         for s in sampled:
             s.seq.append_token(5)
             reason = s.seq.check_stop(sched.max_model_len)
@@ -92,13 +100,25 @@ class SchedulerMachine(RuleBasedStateMachine):
             return
         bm = self.bm
         live = [s for s in self.seqs if not s.is_finished]
-        held = [b for s in live for b in s.block_table]
-        assert len(held) == len(set(held)), "two live sequences share a block"
-        assert all(bm.ref_counts[b] == 1 for b in held)
+        holders: dict[int, list[tuple[Sequence, int]]] = {}
+        for s in live:
+            assert len(s.block_table) == len(set(s.block_table)), "a sequence holds a block twice"
+            for i, b in enumerate(s.block_table):
+                holders.setdefault(b, []).append((s, i))
+        for b, hs in holders.items():
+            assert bm.ref_counts[b] == len(hs), f"block {b}: ref count {bm.ref_counts[b]}, holders {len(hs)}"
+            if len(hs) > 1:
+                assert bm.enable_prefix_caching, "two live sequences share a block without prefix caching"
+                content = bm._block_tokens[b]
+                assert content is not None, "a shared block is not a full, hashed block"
+                bs = bm.block_size
+                for s, i in hs:
+                    assert tuple(s.token_ids[i * bs:(i + 1) * bs]) == content, "shared block with other tokens"
+                    assert s.num_computed_tokens >= (i + 1) * bs or s.status == SequenceStatus.RUNNING
         assert bm.num_free_blocks + bm.num_used_blocks == bm.num_blocks
-        assert bm.num_used_blocks == len(held), "leaked or double-counted block"
+        assert bm.num_used_blocks == len(holders), "leaked or double-counted block"
         free = list(bm._free)
-        assert len(free) == len(set(free)) and set(free).isdisjoint(held)
+        assert len(free) == len(set(free)) and set(free).isdisjoint(holders)
         assert all(bm.ref_counts[b] == 0 for b in free)
         for s in self.seqs:
             if s.is_finished or s.status == SequenceStatus.WAITING:

@@ -117,9 +117,9 @@ class Responder:
         if out.finished and self._on_finished is not None:
             self._on_finished(out)
         if out.finish_reason == "error":
-            err = pb_utils.TritonError(out.error or "error", pb_utils.TritonError.INVALID_ARG
-                                       if not (out.error or "").startswith("engine failure")
-                                       else pb_utils.TritonError.INTERNAL)
+            code = {"invalid_arg": pb_utils.TritonError.INVALID_ARG,
+                    "unavailable": pb_utils.TritonError.UNAVAILABLE}.get(out.error_code, pb_utils.TritonError.INTERNAL)
+            err = pb_utils.TritonError(out.error or "error", code)
             self._send(p, pb_utils.InferenceResponse(error=err), final=True)
             return
         if p.cancelled or p.sender.is_cancelled():

@@ -1,0 +1,356 @@
+"""Cases C1-C4, C6, C7 of /work/shared/cases/README.md against the real tritonserver (C5, the
+metrics, is in test_e2e_metrics.py). Every case runs through the TensorRT-LLM-style `ensemble` and,
+where the case needs finish_reason or token counts, through `llm` directly (vLLM contract)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from clients import (GrpcStream, decode_str, ensemble_inputs, ensemble_stream, http_generate,
+                     http_generate_stream, llm_stream, server_ready)
+
+pytestmark = pytest.mark.e2e
+
+REPLACEMENT = "\ufffd"
+GREEDY = {"temperature": "0"}
+COUNTS = dict(return_finish_reason=True, return_num_output_tokens=True, return_num_input_tokens=True)
+
+
+def finish_reason(r) -> str:
+    return decode_str(r.responses[-1], "finish_reason")
+
+
+def num_output_tokens(r) -> int:
+    return int(r.last("num_output_tokens").reshape(-1)[0])
+
+
+def assert_grpc_invalid(r, *names):
+    assert r.error is not None, f"expected an error naming {names}, got text {r.text!r}"
+    msg = str(r.error)
+    for n in names:
+        assert n in msg, f"error should name {n!r}: {msg}"
+    assert not r.responses, "an invalid request must not produce output"
+    return msg
+
+
+def assert_http_invalid(r, *names):
+    """INVALID_ARG is HTTP 400 on Triton's generate endpoints."""
+    assert r.status == 400, f"expected 400 (INVALID_ARG), got {r.status}: {r.body or r.error}"
+    for n in names:
+        assert n in (r.error or ""), f"error should name {n!r}: {r.error}"
+    return r.error
+
+
+def logprob_entries(r) -> list[tuple[int, dict]]:
+    """(token id, entry) of every generated token, over all responses (return_logprobs)."""
+    out = []
+    for arr in r.all("logprobs"):
+        for d in json.loads(arr.reshape(-1)[0]):
+            # the sampled token is the first key (alternatives follow)
+            tok = next(iter(d))
+            out.append((int(tok), d[tok]))
+    return out
+
+
+# -- C1: no U+FFFD from multi-byte characters split across byte tokens -----------------------------
+
+C1_PROMPTS = ["What does 谢谢 mean?", "Write three emojis that describe happiness."]
+
+
+@pytest.mark.parametrize("prompt", C1_PROMPTS, ids=["cjk", "emoji"])
+def test_c1_ensemble_stream_has_no_replacement_char_and_matches_non_streamed(triton_server, prompt):
+    url = triton_server.grpc_url
+    params = dict(apply_chat_template=True, temperature=0.0, max_tokens=32)
+    s = ensemble_stream(url, prompt, stream=True, **params).raise_for_error()
+    deltas = s.texts()
+    bad = [d for d in deltas if REPLACEMENT in d]
+    assert not bad, f"U+FFFD in streamed deltas {bad!r} (all: {deltas!r})"
+    joined = "".join(deltas)
+    assert any(ord(c) > 127 for c in joined), f"answer has no non-ASCII character, test not meaningful: {joined!r}"
+    n = ensemble_stream(url, prompt, stream=False, exclude_input_in_output=True, **params).raise_for_error()
+    assert REPLACEMENT not in n.text
+    assert joined == n.text
+
+    h = http_generate_stream(triton_server.http_base, "ensemble",
+                             {"text_input": prompt, "stream": True, "apply_chat_template": True,
+                              "temperature": 0.0, "max_tokens": 32})
+    assert h.status == 200 and h.error is None, h.error
+    assert not [e for e in h.events if REPLACEMENT in e["text_output"]]
+    assert h.text == joined
+
+
+def test_c1_llm_stream_byte_tokens_are_joined_before_sending(triton_server, chat_prompt, tokenizer):
+    """The answer's CJK character is made of byte tokens (each alone decodes to U+FFFD); the stream
+    never shows those halves, and the joined deltas equal the tokenizer's decode of all tokens."""
+    prompt = chat_prompt(C1_PROMPTS[0])
+    r = llm_stream(triton_server.grpc_url, prompt, stream=True,
+                   sampling_parameters=dict(GREEDY, max_tokens="24"), return_logprobs=True).raise_for_error()
+    deltas = r.texts()
+    assert not [d for d in deltas if REPLACEMENT in d], deltas
+    entries = logprob_entries(r)
+    ids = [t for t, _ in entries]
+    split = [e["decoded_token"] for _, e in entries if REPLACEMENT in e["decoded_token"]]
+    assert split, "no byte-level token in the answer: the test would not exercise C1"
+    assert "".join(deltas) == tokenizer.decode(ids, skip_special_tokens=True)
+    assert any(ord(c) > 127 for c in "".join(deltas))
+
+
+# -- C2: SentencePiece / byte-level BPE word boundaries kept in streaming --------------------------
+
+def test_c2_ensemble_stream_keeps_spaces(triton_server):
+    url = triton_server.grpc_url
+    prompt = "Write two sentences about cats."
+    params = dict(apply_chat_template=True, temperature=0.0, max_tokens=32)
+    s = ensemble_stream(url, prompt, stream=True, **params).raise_for_error()
+    deltas = s.texts()
+    joined = "".join(deltas)
+    n = ensemble_stream(url, prompt, stream=False, exclude_input_in_output=True, **params).raise_for_error()
+    assert joined == n.text
+    words = joined.split()
+    assert len(words) >= 10 and joined.count(" ") >= 9, f"spaces missing between words: {joined!r}"
+    assert sum(1 for d in deltas if d.startswith(" ")) >= 5, f"no delta starts with a space: {deltas!r}"
+    assert all(len(w) < 20 for w in words), f"words glued together: {joined!r}"
+
+
+def test_c2_llm_stream_keeps_spaces_and_equals_decode(triton_server, tokenizer):
+    r = llm_stream(triton_server.grpc_url, "Once upon a time", stream=True,
+                   sampling_parameters=dict(GREEDY, max_tokens="16"), return_logprobs=True).raise_for_error()
+    deltas = r.texts()
+    ids = [t for t, _ in logprob_entries(r)]
+    assert len(ids) == 16
+    assert "".join(deltas) == tokenizer.decode(ids, skip_special_tokens=True)
+    assert sum(1 for d in deltas if d.startswith(" ")) >= 5, deltas
+    n = llm_stream(triton_server.grpc_url, "Once upon a time", stream=False,
+                   sampling_parameters=dict(GREEDY, max_tokens="16"), exclude_input_in_output=True)
+    assert n.raise_for_error().text == "".join(deltas)
+
+
+# -- C3: EOS from generation_config when the client sends no end_id / stop_token_ids ---------------
+
+C3_QUESTION = "What is the capital of France?"
+NEVER_TOKEN = 49151  # last vocabulary id: never produced for this prompt
+
+
+def test_c3_ensemble_stops_at_eos_without_end_id(triton_server):
+    url = triton_server.grpc_url
+    base = dict(apply_chat_template=True, temperature=0.0, stream=False, exclude_input_in_output=True,
+                return_log_probs=True)
+    r = ensemble_stream(url, C3_QUESTION, max_tokens=32, **base).raise_for_error()
+    n_default = r.last("output_log_probs").size
+    assert 0 < n_default < 32, f"did not stop at EOS: {n_default} tokens, {r.text!r}"
+    assert "Paris" in r.text
+    # With an end_id that never appears, the same request runs past the model's EOS to max_tokens.
+    r2 = ensemble_stream(url, C3_QUESTION, max_tokens=n_default + 4, end_id=NEVER_TOKEN, **base).raise_for_error()
+    assert r2.last("output_log_probs").size == n_default + 4
+    assert r2.text.startswith(r.text) and len(r2.text) > len(r.text), (r.text, r2.text)
+
+
+def test_c3_llm_finish_reason_stop_without_stop_token_ids(triton_server, chat_prompt):
+    prompt = chat_prompt(C3_QUESTION)
+    r = llm_stream(triton_server.grpc_url, prompt, stream=False, exclude_input_in_output=True,
+                   sampling_parameters=dict(GREEDY, max_tokens="32"), **COUNTS).raise_for_error()
+    assert finish_reason(r) == "stop"
+    n_default = num_output_tokens(r)
+    assert n_default < 32
+    assert "Paris" in r.text
+    r2 = llm_stream(triton_server.grpc_url, prompt, stream=False, exclude_input_in_output=True,
+                    sampling_parameters=dict(GREEDY, max_tokens=str(n_default + 4), end_id=str(NEVER_TOKEN)),
+                    **COUNTS).raise_for_error()
+    assert finish_reason(r2) == "length"
+    assert num_output_tokens(r2) == n_default + 4
+    # streaming reports the same finish reason
+    s = llm_stream(triton_server.grpc_url, prompt, stream=True,
+                   sampling_parameters=dict(GREEDY, max_tokens="32"), **COUNTS).raise_for_error()
+    assert finish_reason(s) == "stop"
+    assert s.text == r.text
+
+
+# -- C4: prompts over max_model_len ----------------------------------------------------------------
+
+def _prompt_of(n_tokens: int, count_tokens) -> str:
+    """A prompt of exactly n_tokens tokens built from a repeated word."""
+    k = n_tokens
+    for _ in range(20):
+        text = "hello" + " hello" * (k - 1)
+        got = count_tokens(text)
+        if got == n_tokens:
+            return text
+        k += n_tokens - got
+    raise AssertionError(f"could not build a prompt of {n_tokens} tokens")
+
+
+@pytest.fixture(scope="module")
+def c4_prompts(max_model_len, count_tokens):
+    return {"over": _prompt_of(max_model_len + 1, count_tokens),
+            "near": _prompt_of(max_model_len - 1, count_tokens)}
+
+
+def test_c4_long_prompts_rejected_while_other_requests_keep_running(triton_server, c4_prompts, max_model_len):
+    url, http = triton_server.grpc_url, triton_server.http_base
+    normal = dict(apply_chat_template=True, temperature=0.0, max_tokens=32)
+    q = "Name three colors."
+    solo = ensemble_stream(url, q, stream=True, **normal).raise_for_error().text
+
+    running = GrpcStream(url, "ensemble", ensemble_inputs(q, stream=True, **normal))
+    first, err = running.next()
+    assert err is None, err
+    try:
+        over, near = c4_prompts["over"], c4_prompts["near"]
+        n_over, n_near = max_model_len + 1, max_model_len - 1
+        # prompt of max_model_len + 1 tokens: names both counts
+        for r in (ensemble_stream(url, over, stream=True, max_tokens=8),
+                  llm_stream(url, over, stream=True, sampling_parameters={"max_tokens": "8"})):
+            msg = assert_grpc_invalid(r)
+            assert str(n_over) in msg and str(max_model_len) in msg, msg
+        for model, payload in (("ensemble", {"text_input": over, "max_tokens": 8}),
+                               ("llm", {"text_input": over, "sampling_parameters": '{"max_tokens": "8"}'})):
+            msg = assert_http_invalid(http_generate(http, model, payload))
+            assert str(n_over) in msg and str(max_model_len) in msg, msg
+        # prompt of max_model_len - 1 tokens with max_tokens 10: names max_tokens
+        for r in (ensemble_stream(url, near, stream=True, max_tokens=10),
+                  llm_stream(url, near, stream=True, sampling_parameters={"max_tokens": "10"})):
+            msg = assert_grpc_invalid(r, "max_tokens")
+            assert str(n_near) in msg and str(max_model_len) in msg, msg
+        assert_http_invalid(http_generate(http, "llm", {"text_input": near,
+                                                        "sampling_parameters": '{"max_tokens": "10"}'}),
+                            "max_tokens")
+        assert_http_invalid(http_generate_stream(http, "ensemble", {"text_input": near, "max_tokens": 10,
+                                                                    "stream": True}), "max_tokens")
+    finally:
+        rest = running.collect()
+    rest.raise_for_error()
+    first_text = decode_str(first, "text_output")
+    assert first_text + rest.text == solo, "the stream in flight was disturbed by the bad requests"
+    assert server_ready(http)
+
+
+# -- C6: max_tokens absent -> until EOS (never a silent 16) ----------------------------------------
+
+C6_PROMPT = "Write two sentences about cats."
+
+
+def test_c6_llm_without_max_tokens_runs_to_eos(triton_server, chat_prompt):
+    r = llm_stream(triton_server.grpc_url, chat_prompt(C6_PROMPT), stream=False, exclude_input_in_output=True,
+                   sampling_parameters=GREEDY, timeout=300, **COUNTS).raise_for_error()
+    assert num_output_tokens(r) > 16, f"output cut at {num_output_tokens(r)} tokens: {r.text!r}"
+    assert finish_reason(r) == "stop"
+    assert r.text.rstrip().endswith((".", "!", "?")), r.text
+
+
+def test_c6_ensemble_without_max_tokens_runs_to_eos(triton_server):
+    s = ensemble_stream(triton_server.grpc_url, C6_PROMPT, stream=True, apply_chat_template=True,
+                        temperature=0.0, return_log_probs=True, timeout=300).raise_for_error()
+    n_tokens = sum(a.size for a in s.all("output_log_probs"))
+    assert n_tokens > 16, f"output cut at {n_tokens} tokens: {s.text!r}"
+    assert s.text.rstrip().endswith((".", "!", "?")), s.text
+
+
+# -- C7: max_tokens 1 / 0, empty prompt ------------------------------------------------------------
+
+EOS_FIRST_PROMPT = "What is the capital of France?"  # raw (no chat template): SmolLM2 answers EOS at once
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["non_streamed", "streamed"])
+def test_c7_llm_max_tokens_1_min_tokens_1(triton_server, stream):
+    url = triton_server.grpc_url
+    # without min_tokens the first token is EOS (finish "stop"): min_tokens=1 must suppress it
+    base = llm_stream(url, EOS_FIRST_PROMPT, stream=False, exclude_input_in_output=True,
+                      sampling_parameters=dict(GREEDY, max_tokens="1"), **COUNTS).raise_for_error()
+    assert finish_reason(base) == "stop" and num_output_tokens(base) == 1
+    r = llm_stream(url, EOS_FIRST_PROMPT, stream=stream, exclude_input_in_output=True if not stream else None,
+                   sampling_parameters=dict(GREEDY, max_tokens="1", min_tokens="1"),
+                   return_logprobs=True, **COUNTS).raise_for_error()
+    assert finish_reason(r) == "length"
+    assert sum(int(a.reshape(-1)[0]) for a in r.all("num_output_tokens")) == 1
+    entries = logprob_entries(r)
+    assert len(entries) == 1 and entries[0][0] != 2, entries  # one token, not EOS (<|im_end|> = 2)
+
+
+def test_c7_ensemble_max_tokens_1_min_tokens_1(triton_server):
+    url = triton_server.grpc_url
+    params = dict(apply_chat_template=True, temperature=0.0)
+    full = ensemble_stream(url, "What is the capital of France?", stream=True, max_tokens=8, **params)
+    first_delta = full.raise_for_error().texts()[0]
+    r = ensemble_stream(url, "What is the capital of France?", stream=False, exclude_input_in_output=True,
+                        max_tokens=1, min_tokens=1, return_log_probs=True, **params).raise_for_error()
+    assert r.last("output_log_probs").size == 1
+    assert r.text == first_delta
+    # the older TensorRT-LLM name min_length works the same
+    r2 = ensemble_stream(url, "What is the capital of France?", stream=False, exclude_input_in_output=True,
+                         max_tokens=1, min_length=1, return_log_probs=True, **params).raise_for_error()
+    assert r2.last("output_log_probs").size == 1 and r2.text == first_delta
+
+
+def test_c7_max_tokens_0_is_invalid_arg(triton_server):
+    url, http = triton_server.grpc_url, triton_server.http_base
+    assert_grpc_invalid(ensemble_stream(url, "Hello", stream=True, max_tokens=0), "max_tokens")
+    assert_grpc_invalid(llm_stream(url, "Hello", stream=True, sampling_parameters={"max_tokens": "0"}),
+                        "max_tokens")
+    assert_http_invalid(http_generate(http, "ensemble", {"text_input": "Hello", "max_tokens": 0}), "max_tokens")
+    assert_http_invalid(http_generate(http, "llm", {"text_input": "Hello",
+                                                    "sampling_parameters": '{"max_tokens": "0"}'}), "max_tokens")
+    assert_grpc_invalid(ensemble_stream(url, "Hello", stream=True, max_tokens=-3), "max_tokens")
+
+
+def test_c7_empty_text_input_is_invalid_arg(triton_server):
+    url, http = triton_server.grpc_url, triton_server.http_base
+    assert_grpc_invalid(ensemble_stream(url, "", stream=True, max_tokens=4), "text_input")
+    assert_grpc_invalid(llm_stream(url, "", stream=True, sampling_parameters={"max_tokens": "4"}), "text_input")
+    assert_http_invalid(http_generate(http, "ensemble", {"text_input": "", "max_tokens": 4}), "text_input")
+    assert_http_invalid(http_generate(http, "llm", {"text_input": "",
+                                                    "sampling_parameters": '{"max_tokens": "4"}'}), "text_input")
+    assert_http_invalid(http_generate_stream(http, "ensemble", {"text_input": "", "max_tokens": 4,
+                                                                "stream": True}), "text_input")
+
+
+@pytest.mark.parametrize("params, field", [
+    (dict(top_p=1.5), "top_p"),
+    (dict(temperature=-1.0, top_k=5), "temperature"),
+    (dict(temperature=-1.0), "temperature"),  # no top_k / top_p: TensorRT-LLM greedy default
+    (dict(beam_width=2), "beam_width"),
+    (dict(num_return_sequences=3), "num_return_sequences"),
+    (dict(repetition_penalty=0.0), "repetition_penalty"),
+    (dict(end_id=10**6), "end_id"),
+], ids=["top_p_1.5", "temperature_neg_top_k", "temperature_neg_only", "beam_width_2", "num_return_sequences_3",
+        "repetition_penalty_0", "end_id_out_of_vocab"])
+def test_other_ensemble_errors_name_the_tensor(triton_server, params, field):
+    r = ensemble_stream(triton_server.grpc_url, "Hello", max_tokens=4, **params)
+    assert_grpc_invalid(r, field)
+    h = http_generate(triton_server.http_base, "ensemble", dict({"text_input": "Hello", "max_tokens": 4}, **params))
+    assert_http_invalid(h, field)
+
+
+# -- TensorRT-LLM parameters on the ensemble -------------------------------------------------------
+
+def test_ensemble_stop_words_cut_the_text_in_both_modes(triton_server):
+    url = triton_server.grpc_url
+    base = dict(temperature=0.0, max_tokens=16)
+    free = ensemble_stream(url, "1, 2, 3, 4,", stream=False, exclude_input_in_output=True, **base)
+    assert free.raise_for_error().text.startswith(" 5, 6, 7, 8,"), free.text
+    n = ensemble_stream(url, "1, 2, 3, 4,", stream=False, exclude_input_in_output=True,
+                        stop_words=["zzz", "6, 7"], **base).raise_for_error()
+    assert n.text == " 5, "
+    s = ensemble_stream(url, "1, 2, 3, 4,", stream=True, stop_words=["zzz", "6, 7"], **base).raise_for_error()
+    assert s.text == " 5, "
+
+
+def test_ensemble_seed_gives_identical_sampled_text(triton_server):
+    url = triton_server.grpc_url
+    params = dict(stream=False, exclude_input_in_output=True, temperature=1.0, top_k=50, top_p=1.0, max_tokens=16)
+    a = ensemble_stream(url, "Once upon a time", seed=77, **params).raise_for_error().text
+    b = ensemble_stream(url, "Once upon a time", seed=77, **params).raise_for_error().text
+    c = ensemble_stream(url, "Once upon a time", random_seed=77, **params).raise_for_error().text
+    assert a == b == c
+    others = {ensemble_stream(url, "Once upon a time", seed=s, **params).raise_for_error().text for s in (1, 2, 3)}
+    assert others - {a}, "different seeds all gave the same text: sampling does not use the seed"
+
+
+# -- last: bad input never kills the server --------------------------------------------------------
+
+def test_zz_server_still_serves_after_bad_input(triton_server):
+    assert server_ready(triton_server.http_base)
+    r = ensemble_stream(triton_server.grpc_url, "What is the capital of France?", stream=True,
+                        apply_chat_template=True, temperature=0.0, max_tokens=16).raise_for_error()
+    assert "Paris" in r.text

@@ -1,0 +1,119 @@
+"""C5: the documented LLM metrics on Triton's metrics endpoint, with model / version labels and
+values consistent with the requests sent."""
+
+from __future__ import annotations
+
+import pytest
+
+from clients import decode_str, llm_stream, scrape_metrics
+from metrics_util import (COUNTERS, GAUGES, HISTOGRAMS, has_llm_sample, is_idle, llm_value,
+                          missing_families, wait_for)
+
+pytestmark = pytest.mark.e2e
+
+PROMPT = "Once upon a time"
+FLAGS = dict(return_finish_reason=True, return_num_input_tokens=True, return_num_output_tokens=True)
+
+
+def _snapshot(m):
+    snap = {name: llm_value(m, name) for name in COUNTERS}
+    for reason in ("stop", "length", "abort"):
+        snap[f"requests_{reason}"] = llm_value(m, "llm_requests_total", finish_reason=reason)
+    for h in HISTOGRAMS:
+        snap[h + "_count"] = llm_value(m, h + "_count")
+        snap[h + "_sum"] = llm_value(m, h + "_sum")
+    return snap
+
+
+def test_c5_documented_families_present_with_labels(triton_server):
+    llm_stream(triton_server.grpc_url, PROMPT, stream=True,
+               sampling_parameters={"temperature": "0", "max_tokens": "4"}).raise_for_error()
+    m = scrape_metrics(triton_server.metrics_url)
+    missing = missing_families(m)
+    assert not missing, f"LLM metric families missing from {triton_server.metrics_url}: {missing}"
+    for name in COUNTERS:
+        assert m.types.get(name) == "counter", (name, m.types.get(name))
+    for name in GAUGES:
+        assert m.types.get(name) == "gauge", (name, m.types.get(name))
+    for name in HISTOGRAMS:
+        assert m.types.get(name) == "histogram", (name, m.types.get(name))
+    assert m.find("llm_requests_total", model="llm", version="1", finish_reason="length")
+
+
+def test_c5_values_consistent_with_one_request(triton_server):
+    url, murl = triton_server.grpc_url, triton_server.metrics_url
+    before_m, _ = wait_for(murl, is_idle, timeout=30)
+    before = _snapshot(before_m)
+    free_idle = llm_value(before_m, "llm_kv_cache_free_blocks")
+    assert free_idle > 0
+
+    r = llm_stream(url, PROMPT, stream=False, exclude_input_in_output=True,
+                   sampling_parameters={"temperature": "0", "max_tokens": "8", "ignore_eos": "true"},
+                   **FLAGS).raise_for_error()
+    assert decode_str(r.responses[-1], "finish_reason") == "length"
+    n_in = int(r.last("num_input_tokens").reshape(-1)[0])
+    n_out = int(r.last("num_output_tokens").reshape(-1)[0])
+    assert n_out == 8
+
+    after_m, _ = wait_for(murl, lambda m: _snapshot(m)["requests_length"] >= before["requests_length"] + 1
+                          and is_idle(m), timeout=10)
+    after = _snapshot(after_m)
+    d = {k: after[k] - before[k] for k in after}
+    assert d["llm_prompt_tokens_total"] == n_in, d
+    assert d["llm_generation_tokens_total"] == n_out, d
+    assert d["requests_length"] == 1 and d["requests_stop"] == 0, d
+    assert d["llm_requests_total"] == 1, d
+    assert d["llm_preemptions_total"] == 0, d
+    for h in ("llm_time_to_first_token_seconds", "llm_e2e_request_latency_seconds",
+              "llm_request_queue_time_seconds", "llm_request_prompt_tokens", "llm_request_generation_tokens"):
+        assert d[h + "_count"] == 1, (h, d)
+    assert d["llm_request_prompt_tokens_sum"] == n_in, d
+    assert d["llm_request_generation_tokens_sum"] == n_out, d
+    assert d["llm_inter_token_latency_seconds_count"] >= 1, d
+    assert 0 < d["llm_time_to_first_token_seconds_sum"] <= d["llm_e2e_request_latency_seconds_sum"], d
+    assert d["llm_e2e_request_latency_seconds_sum"] < 60, d
+    # gauges back at idle: nothing running, nothing held
+    assert llm_value(after_m, "llm_num_requests_running") == 0
+    assert llm_value(after_m, "llm_kv_cache_used_blocks") == 0
+    assert llm_value(after_m, "llm_kv_cache_usage_ratio") == 0
+    assert llm_value(after_m, "llm_kv_cache_free_blocks") == free_idle
+    assert 0.0 <= llm_value(after_m, "llm_prefix_cache_hit_ratio") <= 1.0
+
+
+def test_c5_stop_finish_reason_counted(triton_server):
+    url, murl = triton_server.grpc_url, triton_server.metrics_url
+    before_m, _ = wait_for(murl, is_idle, timeout=30)
+    before = _snapshot(before_m)
+    r = llm_stream(url, "1, 2, 3, 4,", stream=True,
+                   sampling_parameters={"temperature": "0", "max_tokens": "16", "stop": ["7"]},
+                   **FLAGS).raise_for_error()
+    assert decode_str(r.responses[-1], "finish_reason") == "stop"
+    n_out = sum(int(a.reshape(-1)[0]) for a in r.all("num_output_tokens"))
+    after_m, _ = wait_for(murl, lambda m: _snapshot(m)["requests_stop"] >= before["requests_stop"] + 1
+                          and is_idle(m), timeout=10)
+    after = _snapshot(after_m)
+    assert after["requests_stop"] - before["requests_stop"] == 1
+    assert after["requests_length"] == before["requests_length"]
+    assert after["llm_generation_tokens_total"] - before["llm_generation_tokens_total"] == n_out
+
+
+def test_c5_running_gauge_and_used_blocks_during_generation(triton_server):
+    """While a request generates, running is 1 and it holds KV blocks."""
+    from clients import GrpcStream, llm_inputs
+
+    url, murl = triton_server.grpc_url, triton_server.metrics_url
+    wait_for(murl, is_idle, timeout=30)
+    s = GrpcStream(url, "llm", llm_inputs(PROMPT, True, {"temperature": "0", "max_tokens": "96",
+                                                         "ignore_eos": "true"}))
+    try:
+        result, err = s.next()
+        assert err is None, err
+        m, _ = wait_for(murl, lambda m: llm_value(m, "llm_num_requests_running") == 1
+                        and llm_value(m, "llm_kv_cache_used_blocks") >= 1, timeout=5)
+        used, free = llm_value(m, "llm_kv_cache_used_blocks"), llm_value(m, "llm_kv_cache_free_blocks")
+        assert llm_value(m, "llm_kv_cache_usage_ratio") == pytest.approx(used / (used + free), rel=1e-3)
+    finally:
+        rest = s.collect()
+    rest.raise_for_error()
+    wait_for(murl, is_idle, timeout=10)
+    assert has_llm_sample(scrape_metrics(murl), "llm_kv_cache_used_blocks")
