@@ -17,3 +17,4 @@ test: setup
 reference:
 	bash scripts/setup.sh --reference
 	build/ref-venv/bin/python tests/reference/make_hf_reference.py
+	build/ref-venv/bin/python tests/reference/make_tiny_references.py

@@ -1,8 +1,10 @@
-"""Llama-architecture decoder (Touvron et al. 2023) in Paddle fp32, over a paged KV cache.
+"""Llama-architecture decoder (Touvron et al. 2023) in Paddle fp32, over a paged KV cache; the base
+of every supported family (see arch.py for the switches Qwen2, Qwen3 and ERNIE 4.5 set).
 
 Matches HF transformers' LlamaForCausalLM: RMSNorm pre-norm blocks, rotary embeddings (rotate-half
-form), grouped-query attention, SwiGLU MLP, optional tied embeddings. q/k/v are fused into one
-matmul and gate/up into another; the attention reads and writes the cache through `paddle_llm_ops`.
+form), grouped-query attention, SwiGLU MLP, optional tied embeddings, optional attention / MLP
+biases. q/k/v are fused into one matmul and gate/up into another; the attention reads and writes
+the cache through `paddle_llm_ops`.
 """
 
 from __future__ import annotations
@@ -14,81 +16,128 @@ import paddle
 import paddle.nn.functional as F
 
 from paddle_llm_engine.config import ModelConfig
+from paddle_llm_engine.models.arch import DecoderArch
 from paddle_llm_engine.models.attention_metadata import AttentionMetadata
 from paddle_llm_engine.models.weights import CheckpointReader
-from paddle_llm_ops import (RotaryTable, apply_rotary, decode_attention, prefill_attention, rms_norm,
-                            write_kv)
+from paddle_llm_ops import (RotaryTable, apply_rotary, decode_attention, interleaved_to_half_order,
+                            prefill_attention, rms_norm, write_kv)
 
 
-def _t(a: np.ndarray) -> paddle.Tensor:
+def _t(a: np.ndarray | None) -> paddle.Tensor | None:
+    if a is None:
+        return None
     t = paddle.to_tensor(a)
     t.stop_gradient = True
     return t
 
 
 class LlamaLayer:
-    """Weights of one decoder block: qkv [H, (nh+2kvh)*d], o [nh*d, H], gate_up [H, 2I], down [I, H]."""
+    """Weights of one decoder block: qkv [H, (nh+2kvh)*d], o [nh*d, H], gate_up [H, 2I], down [I, H];
+    biases (None when the arch has none) qkv [(nh+2kvh)*d], o [H], gate_up [2I], down [H];
+    q_norm / k_norm [d] (qk_norm only)."""
 
-    def __init__(self, r: CheckpointReader, i: int, cfg: ModelConfig):
+    def __init__(self, r: CheckpointReader, i: int, cfg: ModelConfig, arch: DecoderArch):
         p = f"model.layers.{i}."
+        a = p + "self_attn."
+        d = cfg.head_dim
+        # Interleaved rotary runs as rotate-half once q/k rows are permuted within each head.
+        order = interleaved_to_half_order(d) if arch.rope_interleaved else None
+
+        def heads_permuted(x: np.ndarray) -> np.ndarray:  # rows of an HF [heads*d, ...] q/k tensor
+            return x if order is None else x.reshape(-1, d, *x.shape[1:])[:, order].reshape(x.shape)
+
+        def proj(x: str, kind: str) -> np.ndarray:
+            w = r.get(f"{a}{x}_proj.{kind}")
+            return heads_permuted(w) if x in "qk" else w
+
         self.in_norm = _t(r.get(p + "input_layernorm.weight"))
         self.post_norm = _t(r.get(p + "post_attention_layernorm.weight"))
-        self.qkv = _t(np.concatenate([r.linear(p + f"self_attn.{x}_proj.weight") for x in "qkv"], axis=1))
-        self.qkv_bias = None
-        if cfg.attention_bias:
-            self.qkv_bias = _t(np.concatenate([r.get(p + f"self_attn.{x}_proj.bias") for x in "qkv"]))
-        self.o = _t(r.linear(p + "self_attn.o_proj.weight"))
-        self.gate_up = _t(np.concatenate([r.linear(p + "mlp.gate_proj.weight"),
-                                          r.linear(p + "mlp.up_proj.weight")], axis=1))
-        self.down = _t(r.linear(p + "mlp.down_proj.weight"))
+        self.qkv = _t(np.ascontiguousarray(np.concatenate([proj(x, "weight") for x in "qkv"], axis=0).T))
+        self.qkv_bias = _t(np.concatenate([proj(x, "bias") for x in "qkv"])) if arch.qkv_bias else None
+        self.q_norm = self.k_norm = None
+        if arch.qk_norm:
+            self.q_norm = _t(heads_permuted(r.get(a + "q_norm.weight")))  # [d]: one "head"
+            self.k_norm = _t(heads_permuted(r.get(a + "k_norm.weight")))
+        self.o = _t(r.linear(a + "o_proj.weight"))
+        self.o_bias = _t(r.get(a + "o_proj.bias")) if arch.o_bias else None
+        m = p + "mlp."
+        self.gate_up = _t(np.concatenate([r.linear(m + "gate_proj.weight"), r.linear(m + "up_proj.weight")], axis=1))
+        self.down = _t(r.linear(m + "down_proj.weight"))
+        self.gate_up_bias = self.down_bias = None
+        if arch.mlp_bias:
+            self.gate_up_bias = _t(np.concatenate([r.get(m + "gate_proj.bias"), r.get(m + "up_proj.bias")]))
+            self.down_bias = _t(r.get(m + "down_proj.bias"))
+
+
+def _linear(x: paddle.Tensor, w: paddle.Tensor, b: paddle.Tensor | None) -> paddle.Tensor:
+    y = paddle.matmul(x, w)
+    return y if b is None else y + b
 
 
 class LlamaForCausalLM:
     """forward(input_ids [T] int64, positions [T] int64, meta, kv_caches) -> hidden [T, H] fp32;
-    compute_logits(hidden [B, H]) -> [B, V] fp32."""
+    compute_logits(hidden [B, H]) -> [B, V] fp32.
+
+    Subclasses (other families) override `arch_for` only."""
+
+    @staticmethod
+    def arch_for(cfg: ModelConfig) -> DecoderArch:
+        """Llama: attention_bias puts biases on q/k/v/o, mlp_bias on gate/up/down."""
+        return DecoderArch(qkv_bias=cfg.attention_bias, o_bias=cfg.attention_bias, mlp_bias=cfg.mlp_bias)
 
     def __init__(self, cfg: ModelConfig):
+        if cfg.hidden_act != "silu":
+            raise ValueError(f"hidden_act {cfg.hidden_act!r} is not supported (supported: silu)")
         self.cfg = cfg
+        self.arch = self.arch_for(cfg)
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = cfg.head_dim
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
         self.layers: list[LlamaLayer] = []
+        # Built here, not at load: an unsupported rope_scaling fails before any weight is read.
+        self.rotary = RotaryTable(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
 
     def load_weights(self, model_dir: str) -> None:
-        """Load from HF safetensors; raises KeyError naming a missing tensor."""
+        """Load from HF safetensors. Raises KeyError naming a missing tensor, ValueError when the
+        checkpoint holds tensors this configuration does not use (e.g. biases the config omits)."""
         r = CheckpointReader(model_dir)
         cfg = self.cfg
         self.embed = _t(r.get("model.embed_tokens.weight"))  # [V, H]
         self.norm = _t(r.get("model.norm.weight"))
-        self.layers = [LlamaLayer(r, i, cfg) for i in range(cfg.num_hidden_layers)]
+        self.layers = [LlamaLayer(r, i, cfg, self.arch) for i in range(cfg.num_hidden_layers)]
         # Tied: the logits are h @ embed^T, read from the embedding itself (no second copy).
         self.tied = cfg.tie_word_embeddings
         self.lm_head = self.embed if self.tied else _t(r.get("lm_head.weight"))  # [V, H] either way
-        self.rotary = RotaryTable(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
+        unused = [n for n in r.unread() if not n.endswith("rotary_emb.inv_freq")
+                  and not (self.tied and n == "lm_head.weight")]  # HF ignores a tied checkpoint's lm_head
+        if unused:
+            more = f" and {len(unused) - 8} more" if len(unused) > 8 else ""
+            raise ValueError(f"checkpoint tensors not used by model_type {cfg.model_type!r} with this config.json "
+                             f"(config and weights disagree?): {', '.join(unused[:8])}{more}")
 
     def forward(self, input_ids: paddle.Tensor, positions: paddle.Tensor, meta: AttentionMetadata,
                 kv_caches: list[tuple[paddle.Tensor, paddle.Tensor]]) -> paddle.Tensor:
-        cfg = self.cfg
+        eps = self.cfg.rms_norm_eps
         nh, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
         t = input_ids.shape[0]
         h = paddle.index_select(self.embed, input_ids, axis=0)  # [T, H]
         cos, sin = self.rotary.lookup(positions)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
-            x = rms_norm(h, layer.in_norm, cfg.rms_norm_eps)
-            qkv = paddle.matmul(x, layer.qkv)
-            if layer.qkv_bias is not None:
-                qkv = qkv + layer.qkv_bias
-            q, k, v = paddle.split(qkv, [nh * d, kvh * d, kvh * d], axis=-1)
+            x = rms_norm(h, layer.in_norm, eps)
+            q, k, v = paddle.split(_linear(x, layer.qkv, layer.qkv_bias), [nh * d, kvh * d, kvh * d], axis=-1)
+            if layer.q_norm is not None:  # per head, over head_dim
+                q = rms_norm(q.reshape([t * nh, d]), layer.q_norm, eps)
+                k = rms_norm(k.reshape([t * kvh, d]), layer.k_norm, eps)
             q = apply_rotary(q.reshape([t, nh, d]), cos, sin)
             k = apply_rotary(k.reshape([t, kvh, d]), cos, sin)
             v = v.reshape([t, kvh, d])
             write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
             attn = self._attention(q, k_cache, v_cache, meta)
-            h = h + paddle.matmul(attn, layer.o)
-            x = rms_norm(h, layer.post_norm, cfg.rms_norm_eps)
-            h = h + paddle.matmul(F.swiglu(paddle.matmul(x, layer.gate_up)), layer.down)
-        return rms_norm(h, self.norm, cfg.rms_norm_eps)
+            h = h + _linear(attn, layer.o, layer.o_bias)
+            x = rms_norm(h, layer.post_norm, eps)
+            h = h + _linear(F.swiglu(_linear(x, layer.gate_up, layer.gate_up_bias)), layer.down, layer.down_bias)
+        return rms_norm(h, self.norm, eps)
 
     def _attention(self, q, k_cache, v_cache, meta: AttentionMetadata) -> paddle.Tensor:
         parts = []

@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import importlib
+
 from paddle_llm_engine.config import ModelConfig
+
+# model_type -> (module under paddle_llm_engine.models, class): all Llama-like decoders (see arch.py).
+SUPPORTED_MODEL_TYPES: dict[str, tuple[str, str]] = {
+    "llama": ("llama", "LlamaForCausalLM"),
+    "qwen2": ("qwen2", "Qwen2ForCausalLM"),
+    "qwen3": ("qwen3", "Qwen3ForCausalLM"),
+    "ernie4_5": ("ernie4_5", "Ernie4_5ForCausalLM"),
+}
 
 
 def build_model(cfg: ModelConfig):
-    from paddle_llm_engine.models.llama import LlamaForCausalLM
-
-    supported = {"llama": LlamaForCausalLM}
-    cls = supported.get(cfg.model_type)
-    if cls is None:
-        raise ValueError(f"model_type {cfg.model_type!r} is not supported (supported: {sorted(supported)})")
+    """The model object for `cfg` (weights not loaded yet). Raises ValueError for an unknown
+    model_type or an option of a known one that is not supported (naming it)."""
+    entry = SUPPORTED_MODEL_TYPES.get(cfg.model_type)
+    if entry is None:
+        raise ValueError(f"model_type {cfg.model_type!r} is not supported (supported: {sorted(SUPPORTED_MODEL_TYPES)})")
+    module, name = entry
+    cls = getattr(importlib.import_module(f"paddle_llm_engine.models.{module}"), name)
     return cls(cfg)
