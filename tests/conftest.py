@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -85,6 +86,50 @@ def triton_server():
         )
     finally:
         handle.stop()
+
+
+@pytest.fixture(scope="module")
+def triton_server_factory(tmp_path_factory):
+    """Start extra servers on an edited copy of model_repository (tests that need another config).
+
+    `start(edit, models=None)`: copies model_repository/ into a temporary folder, keeps only `models`
+    (all when None), calls `edit(repo_path)` to change the copy (the shipped configs are never
+    touched), starts tritonserver on free ports with the default model folder, waits until ready and
+    returns TritonEndpoints (log_path: the server's log in that folder). Module scope: the servers a
+    test module starts are stopped after its last test."""
+    launcher = _load_launcher()
+    handles = []
+    tmp_path = tmp_path_factory.mktemp("triton")
+
+    def start(edit=None, models=None, ready_timeout: float = READY_TIMEOUT_S) -> TritonEndpoints:
+        if not (MODEL_DIR / "config.json").is_file():
+            pytest.fail(f"{MODEL_DIR} missing: run scripts/setup.sh (make setup)")
+        repo = tmp_path / f"model_repository_{len(handles)}"
+        shutil.copytree(MODEL_REPO, repo, ignore=shutil.ignore_patterns("__pycache__"))
+        if models is not None:
+            for d in repo.iterdir():
+                if d.is_dir() and d.name not in models:
+                    shutil.rmtree(d)
+        if edit is not None:
+            edit(repo)
+        log_path = tmp_path / f"tritonserver_{len(handles)}.log"
+        http_port, grpc_port, metrics_port = _three_free_ports(launcher)
+        handle = launcher.start_server(repo, http_port, grpc_port, metrics_port, model_dir=MODEL_DIR,
+                                       log_path=log_path)
+        handles.append(handle)
+        try:
+            handle.wait_ready(timeout=ready_timeout)
+        except (RuntimeError, TimeoutError) as e:
+            pytest.fail(f"tritonserver did not start: {e}\n{_error_lines(log_path)}\n{handle.log_tail(40)}",
+                        pytrace=False)
+        return TritonEndpoints(
+            http_url=f"127.0.0.1:{http_port}", grpc_url=f"127.0.0.1:{grpc_port}",
+            metrics_url=f"http://127.0.0.1:{metrics_port}/metrics", http_base=f"http://127.0.0.1:{http_port}",
+            http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, log_path=log_path, handle=handle)
+
+    yield start
+    for h in handles:
+        h.stop()
 
 
 def _three_free_ports(launcher) -> tuple[int, int, int]:

@@ -122,8 +122,13 @@ class EngineConfig:
     model_dir: HF folder (config.json, *.safetensors, tokenizer files).
     device: "cpu" or "gcu:<id>" ("auto" picks gcu:<device_id> when the plug-in is present).
     block_size: tokens per KV block.
-    num_kv_blocks: KV blocks; 0 means size from kv_cache_memory_bytes.
-    kv_cache_memory_bytes: budget for K+V of all layers when num_kv_blocks is 0.
+    num_kv_blocks: KV blocks; 0 means size from a memory budget. Wins over both budgets below.
+    kv_cache_memory_fraction: 0 (off) or in (0, 1]: the KV budget is this fraction of the memory
+        available once the weights are loaded (CPU: the host's MemAvailable; GCU: device total
+        memory minus what Paddle's allocator holds). Wins over kv_cache_memory_bytes, which is the
+        fallback (with a warning) when the device does not report its memory.
+    kv_cache_memory_bytes: budget for K+V of all layers when num_kv_blocks and
+        kv_cache_memory_fraction are 0.
     max_num_seqs: sequences in one step (decode batch limit).
     max_num_batched_tokens: tokens in one step (prefill chunk budget).
     max_model_len: prompt + output limit per sequence; 0 means the model's max_position_embeddings.
@@ -137,6 +142,7 @@ class EngineConfig:
     device_id: int = 0
     block_size: int = 64
     num_kv_blocks: int = 0
+    kv_cache_memory_fraction: float = 0.0
     kv_cache_memory_bytes: int = 1 << 30
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 2048
@@ -167,3 +173,6 @@ class EngineConfig:
             raise ValueError(f"max_waiting_requests must be > 0, got {self.max_waiting_requests}")
         if self.num_kv_blocks < 0 or self.kv_cache_memory_bytes <= 0:
             raise ValueError("num_kv_blocks must be >= 0 and kv_cache_memory_bytes > 0")
+        if not (0.0 <= self.kv_cache_memory_fraction <= 1.0):
+            raise ValueError(f"kv_cache_memory_fraction must be 0 (off) or in (0, 1], "
+                             f"got {self.kv_cache_memory_fraction}")

@@ -3,8 +3,9 @@
 Callers submit and abort from any thread; commands reach the engine thread through a queue and
 are applied between steps. Each request's outputs go to the callback given at submission, called
 on the engine thread: callbacks must be quick (the Triton glue only enqueues).
-If a step raises, every request in flight gets an error output, the loop stops, and `healthy`
-turns False (the Triton model then reports not ready).
+If a step raises, every request in flight gets an error output, the loop stops, `healthy` turns
+False, `on_failure(reason)` is called once, and every later submit raises EngineDeadError (the
+Triton glue answers it at once with an INTERNAL error naming the original failure).
 """
 
 from __future__ import annotations
@@ -28,10 +29,13 @@ OutputCallback = Callable[[RequestOutput], None]
 class EngineLoop:
     """Thread owner of one LLMEngine. Thread-safe submit / abort / shutdown."""
 
-    def __init__(self, engine: LLMEngine, on_state: Callable[[EngineStats], None] | None = None):
+    def __init__(self, engine: LLMEngine, on_state: Callable[[EngineStats], None] | None = None,
+                 on_failure: Callable[[str], None] | None = None):
         self.engine = engine
         # called on the engine thread after every step and every batch of commands (metrics gauges)
         self.on_state = on_state
+        # called once on the engine thread when a step failed, after the requests in flight were failed
+        self.on_failure = on_failure
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._callbacks: dict[str, OutputCallback] = {}
         self._stopping = False
@@ -48,9 +52,14 @@ class EngineLoop:
         """Queue a request. Validation errors arrive through the callback as finish_reason "error"
         with `error` naming the field, so that the caller has one path for every outcome.
         Raises EngineDeadError when the engine has failed."""
-        if not self.healthy:
-            raise EngineDeadError(f"engine is not running: {self.error or 'stopped'}")
+        self.raise_if_dead()
         self._commands.put(("add", request_id, prompt_token_ids, params, callback, time.monotonic()))
+
+    def raise_if_dead(self) -> None:
+        """Raise EngineDeadError (naming the original failure) unless the loop is running."""
+        if not self.healthy:
+            raise EngineDeadError(f"the engine failed earlier and serves no requests: {self.error}"
+                                  if self.error else "the engine is stopped")
 
     def abort(self, request_id: str) -> None:
         self._commands.put(("abort", request_id))
@@ -116,6 +125,11 @@ class EngineLoop:
                     cb(RequestOutput(request_id=rid, finished=True, finish_reason="error",
                                      error=f"engine failure: {self.error}", error_code="internal"))
                 self._callbacks.clear()
+                if self.on_failure is not None:
+                    try:
+                        self.on_failure(self.error)
+                    except Exception:
+                        log.exception("failure callback failed")
                 return
             for out in outputs:
                 cb = self._callbacks.get(out.request_id)

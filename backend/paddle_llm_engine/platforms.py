@@ -31,26 +31,53 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def _paddle_version() -> str | None:
+    """The installed paddlepaddle's version (its distribution, else paddle.__version__ for source builds)."""
+    v = _version("paddlepaddle")
+    if v is None:
+        try:
+            import paddle
+
+            v = paddle.__version__
+        except ImportError:
+            return None
+    return v
+
+
+def _major_minor(version: str) -> str:
+    """"3.3.1" -> "3.3", "3.1.0.dev20250101" -> "3.1" (compared whole, so "3.30" is not "3.3")."""
+    return ".".join(version.split("+")[0].split(".")[:2])
+
+
+def _supported_text() -> str:
+    return ", ".join(f"paddlepaddle {k}.x with paddle-custom-gcu {'/'.join(v)}.x"
+                     for k, v in SUPPORTED_GCU_MATRIX.items())
+
+
 def check_gcu_versions(paddle_version: str | None = None, plugin_version: str | None = None) -> None:
-    """Raise PlatformError naming the found and supported versions when they do not match."""
-    paddle_version = paddle_version or _version("paddlepaddle")
+    """Raise one PlatformError naming the versions found and the versions supported when the
+    installed paddlepaddle / paddle-custom-gcu pair is not in SUPPORTED_GCU_MATRIX, or when the
+    plug-in is not installed. Arguments override the installed versions (tests)."""
+    paddle_version = paddle_version or _paddle_version()
     plugin_version = plugin_version or _version("paddle-custom-gcu")
     if plugin_version is None:
-        raise PlatformError("device gcu requested but paddle-custom-gcu is not installed")
+        raise PlatformError(
+            f"device gcu requested but the paddle-custom-gcu plug-in is not installed (found paddlepaddle "
+            f"{paddle_version or 'not installed'}); install the plug-in matching paddlepaddle, "
+            f"supported: {_supported_text()}; or set device to cpu")
     if paddle_version is None:
-        raise PlatformError("paddlepaddle is not installed")
-    key = ".".join(paddle_version.split(".")[:2])
-    accepted = SUPPORTED_GCU_MATRIX.get(key)
-    if accepted is None or not any(plugin_version.startswith(a) for a in accepted):
-        supported = ", ".join(f"paddlepaddle {k}.x with paddle-custom-gcu {'/'.join(v)}.x"
-                              for k, v in SUPPORTED_GCU_MATRIX.items())
+        raise PlatformError(f"paddle-custom-gcu {plugin_version} is installed but paddlepaddle is not; "
+                            f"supported: {_supported_text()}")
+    accepted = SUPPORTED_GCU_MATRIX.get(_major_minor(paddle_version), ())
+    if _major_minor(plugin_version) not in accepted:
         raise PlatformError(
             f"unsupported accelerator stack: found paddlepaddle {paddle_version} and paddle-custom-gcu "
-            f"{plugin_version}; supported: {supported}"
+            f"{plugin_version}; supported: {_supported_text()}"
         )
 
 
 def gcu_available() -> bool:
+    """True when the plug-in registered the custom device type "gcu" with paddle."""
     import paddle
 
     try:
@@ -60,13 +87,62 @@ def gcu_available() -> bool:
 
 
 def resolve_device(device: str, device_id: int) -> str:
-    """"auto" -> "gcu:<device_id>" on a GCU host, else "cpu". Explicit "gcu..." checks versions."""
+    """"auto" -> "gcu:<device_id>" on a GCU host, else "cpu". An explicit "gcu" / "gcu:<id>" checks the
+    versions and that the plug-in registered the device, and raises PlatformError otherwise."""
     if device == "auto":
         device = f"gcu:{device_id}" if gcu_available() else "cpu"
-    if device.startswith("gcu"):
+    if device == "gcu" or device.startswith("gcu:"):
         check_gcu_versions()
-        if ":" not in device:
+        if not gcu_available():
+            raise PlatformError(
+                f"paddle-custom-gcu {_version('paddle-custom-gcu')} is installed with paddlepaddle "
+                f"{_paddle_version()} but paddle has no 'gcu' device type: the plug-in did not load "
+                f"(check the Enflame driver and TopsRider runtime, and the paddle log for the plug-in's error)")
+        if device == "gcu":
             device = f"gcu:{device_id}"
+        elif not device[4:].isdigit():
+            raise ValueError(f"device must be 'auto', 'cpu' or 'gcu[:id]', got {device!r}")
     elif device != "cpu":
         raise ValueError(f"device must be 'auto', 'cpu' or 'gcu[:id]', got {device!r}")
     return device
+
+
+# -- memory available for the KV cache ------------------------------------------------------------
+def host_available_memory() -> int | None:
+    """Bytes of host memory available to new allocations without swapping (Linux MemAvailable:
+    free memory plus reclaimable caches), through psutil when installed, else /proc/meminfo.
+    None when neither is readable."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except Exception:  # not installed, or an unsupported platform
+        pass
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # the value is in kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def gcu_available_memory(device: str) -> int | None:
+    """Bytes of device memory not yet held by Paddle's allocator on `device` ("gcu:<id>"): the
+    device's total memory (paddle.device.get_device_properties, from the plug-in) minus
+    paddle.device.memory_reserved (the weights and anything else allocated so far). Memory used by
+    other processes on the same device is not seen. None, with the reason logged, when the
+    plug-in or this Paddle does not expose these (the caller then falls back to a fixed budget)."""
+    import paddle
+
+    try:
+        total = int(paddle.device.get_device_properties(device).total_memory)
+        reserved = int(paddle.device.memory_reserved(device))
+    except Exception as e:  # API absent in this Paddle, or not implemented by the plug-in
+        log.warning("cannot read the memory of %s from paddle (%s: %s)", device, type(e).__name__, e)
+        return None
+    if total <= 0:
+        log.warning("the plug-in reports %d bytes of total memory for %s", total, device)
+        return None
+    return max(0, total - reserved)

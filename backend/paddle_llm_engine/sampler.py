@@ -81,6 +81,7 @@ def token_logprobs(row: np.ndarray, token: int, top_n: int) -> tuple[float, list
     m = x.max()
     lse = m + np.log(np.exp(x - m).sum())
     top: list[tuple[int, float]] = []
+    top_n = min(top_n, x.shape[0])
     if top_n > 0:
         idx = np.argpartition(-x, top_n - 1)[:top_n]
         idx = idx[np.argsort(-x[idx], kind="stable")]
@@ -109,5 +110,8 @@ def sample(logits: np.ndarray, seqs: list[Sequence]) -> np.ndarray:
             cdf = np.cumsum(p)
             u = seq.rng.random() * cdf[-1]
             out[i] = min(int(np.searchsorted(cdf, u, side="right")), p.shape[0] - 1)
-        seq.record_logprob(*token_logprobs(logits[i], int(out[i]), prm.logprobs or 0))
+        if prm.logprobs is not None or prm.compute_logprobs:
+            seq.record_logprob(*token_logprobs(logits[i], int(out[i]), prm.logprobs or 0))
+        else:  # a log-softmax over the vocabulary per row is not free: only when asked
+            seq.record_logprob(0.0, [])
     return out

@@ -27,9 +27,13 @@ class SamplingParams:
         logit is positive, logit * p otherwise (Keskar et al. 2019, CTRL; as HF).
     presence_penalty, frequency_penalty: in [-2, 2]; logit -= presence * [count > 0] +
         frequency * count over output tokens (OpenAI API definition).
-    bad_words: words that must not be generated; tokenized by the engine into bad_words_ids, whose
-        last token is masked whenever the output ends with the others (TensorRT-LLM semantics).
+    bad_words: words that must not be generated; tokenized by the engine (as given, no added
+        space) into bad_words_ids. A word's last token is masked whenever the sequence so far
+        (prompt and output) ends with its other tokens; a one-token word is always masked
+        (TensorRT-LLM / HF NoBadWordsLogitsProcessor semantics).
     logprobs: None, or 0..20 alternatives to report with each token's log-probability.
+    compute_logprobs: compute the chosen token's logprob (and the cumulative one) even when
+        logprobs is None; otherwise they are reported as 0.0 without the per-row log-softmax.
     """
 
     temperature: float = 1.0
@@ -48,6 +52,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logprobs: int | None = None
+    compute_logprobs: bool = False  # set by the serving glue when the client wants logprob values
     bad_words: list[str] = field(default_factory=list)
     bad_words_ids: list[list[int]] = field(default_factory=list)  # filled by the engine's tokenizer
 

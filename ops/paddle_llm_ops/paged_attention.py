@@ -20,6 +20,30 @@ def _causal_mask(n: int, start_pos: int) -> paddle.Tensor:
     return paddle.to_tensor(np.where(kpos <= qpos, 0.0, -np.inf).astype(np.float32))
 
 
+# Longest run of queries attended in one piece. Longer chunks are split into query blocks, each
+# over the keys up to its own last position only: the [heads, n, ctx] score tensor (and its mask and
+# softmax) never exceeds this many rows, and the causal upper triangle beyond each block is skipped.
+# Measured on SmolLM2's shapes (9 heads, 3 KV heads, d 64), 2 threads: a 1510-token prompt took
+# ~200 ms per layer in one piece and ~55 ms in 256-query blocks.
+PREFILL_QUERY_BLOCK = 256
+
+
+def _attend(q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, start_pos: int, scale: float) -> paddle.Tensor:
+    """q: [n, num_heads, d] at positions start_pos ..; k, v: [kvh, start_pos + n, d]. Returns [n, num_heads * d]."""
+    n, nh, d = q.shape
+    kvh = k.shape[0]
+    g = nh // kvh
+    ctx = k.shape[1]
+    qg = q.reshape([n, kvh, g, d]).transpose([1, 2, 0, 3]).reshape([kvh, g * n, d])
+    scores = (paddle.matmul(qg, k, transpose_y=True) * scale).reshape([kvh, g, n, ctx])
+    if n > 1:
+        # query i sits at position start_pos + i and sees keys 0 .. start_pos + i.
+        scores = scores + _causal_mask(n, start_pos)
+    probs = F.softmax(scores, axis=-1).reshape([kvh, g * n, ctx])
+    out = paddle.matmul(probs, v).reshape([kvh, g, n, d])
+    return out.transpose([2, 0, 1, 3]).reshape([n, nh * d])
+
+
 def prefill_attention(
     q: paddle.Tensor,
     k_cache: paddle.Tensor,
@@ -33,22 +57,19 @@ def prefill_attention(
     q: [n, num_heads, d] queries for positions start_pos .. start_pos+n-1.
     k_cache, v_cache: [num_kv_heads, num_slots, d] (already holding this chunk's keys/values).
     context_slots: [start_pos + n] int64 slots of positions 0 .. start_pos+n-1.
-    Returns [n, num_heads * d].
+    Returns [n, num_heads * d]. Chunks longer than PREFILL_QUERY_BLOCK run block by block.
     """
-    n, nh, d = q.shape
-    kvh = k_cache.shape[0]
-    g = nh // kvh
-    ctx = context_slots.shape[0]
+    n = q.shape[0]
     k = paddle.index_select(k_cache, context_slots, axis=1)  # [kvh, ctx, d]
     v = paddle.index_select(v_cache, context_slots, axis=1)
-    qg = q.reshape([n, kvh, g, d]).transpose([1, 2, 0, 3]).reshape([kvh, g * n, d])
-    scores = (paddle.matmul(qg, k, transpose_y=True) * scale).reshape([kvh, g, n, ctx])
-    if n > 1:
-        # query i sits at position start_pos + i and sees keys 0 .. start_pos + i.
-        scores = scores + _causal_mask(n, start_pos)
-    probs = F.softmax(scores, axis=-1).reshape([kvh, g * n, ctx])
-    out = paddle.matmul(probs, v).reshape([kvh, g, n, d])
-    return out.transpose([2, 0, 1, 3]).reshape([n, nh * d])
+    if n <= PREFILL_QUERY_BLOCK:
+        return _attend(q, k, v, start_pos, scale)
+    outs = []
+    for i in range(0, n, PREFILL_QUERY_BLOCK):
+        j = min(i + PREFILL_QUERY_BLOCK, n)
+        end = start_pos + j  # keys of positions 0 .. start_pos + j - 1
+        outs.append(_attend(q[i:j], k[:, :end], v[:, :end], start_pos + i, scale))
+    return paddle.concat(outs, axis=0)
 
 
 def decode_attention(

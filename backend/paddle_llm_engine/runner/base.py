@@ -48,9 +48,28 @@ class ModelRunnerBase:
     def setup_device(self) -> None:
         paddle.set_device(self.device)
 
-    def available_kv_bytes(self) -> int:
-        """Bytes the KV cache may take when no explicit block count is set."""
-        return self.config.kv_cache_memory_bytes
+    def available_memory_bytes(self) -> int | None:
+        """Memory the KV cache could take now that the weights are loaded, or None when the device
+        does not tell. Subclasses ask their device."""
+        return None
+
+    def kv_budget(self) -> tuple[int, str]:
+        """(bytes the KV cache may take when no explicit block count is set, where that comes from).
+
+        kv_cache_memory_fraction > 0: that fraction of available_memory_bytes(); when the device
+        does not report its memory, kv_cache_memory_bytes with a warning. Otherwise
+        kv_cache_memory_bytes."""
+        frac = self.config.kv_cache_memory_fraction
+        fixed = self.config.kv_cache_memory_bytes
+        if frac > 0:
+            avail = self.available_memory_bytes()
+            if avail is not None:
+                return int(frac * avail), (f"kv_cache_memory_fraction {frac:g} of {avail / 2**20:.0f} MiB "
+                                           f"available on {self.device} after loading the weights")
+            log.warning("kv_cache_memory_fraction %g is set but %s does not report its free memory: "
+                        "sizing the KV cache from kv_cache_memory_bytes (%d) instead", frac, self.device, fixed)
+            return fixed, f"kv_cache_memory_bytes {fixed} (fallback: free memory unknown)"
+        return fixed, f"kv_cache_memory_bytes {fixed}"
 
     # -- KV cache --------------------------------------------------------------------------------
     def kv_bytes_per_block(self) -> int:
@@ -58,16 +77,21 @@ class ModelRunnerBase:
         return 2 * m.num_hidden_layers * self.block_size * m.num_key_value_heads * m.head_dim * 4
 
     def _num_kv_blocks(self) -> int:
-        n = self.config.num_kv_blocks or self.available_kv_bytes() // self.kv_bytes_per_block()
+        """Explicit num_kv_blocks, else the memory budget (kv_budget) / bytes per block."""
+        if self.config.num_kv_blocks:
+            n, source = self.config.num_kv_blocks, "num_kv_blocks"
+        else:
+            budget, source = self.kv_budget()
+            n = budget // self.kv_bytes_per_block()
         per_seq = -(-self.config.max_model_len // self.block_size)
         if n < per_seq:
             raise ValueError(
-                f"KV cache of {n} blocks x {self.block_size} tokens cannot hold one sequence of "
-                f"max_model_len {self.config.max_model_len}: raise kv_cache_memory_bytes / num_kv_blocks "
-                f"or lower max_model_len"
+                f"KV cache of {n} blocks x {self.block_size} tokens (from {source}) cannot hold one sequence "
+                f"of max_model_len {self.config.max_model_len}: raise num_kv_blocks / kv_cache_memory_fraction / "
+                f"kv_cache_memory_bytes or lower max_model_len"
             )
-        log.info("KV cache: %d blocks x %d tokens = %d tokens max in flight, %.1f MiB", n, self.block_size,
-                 n * self.block_size, n * self.kv_bytes_per_block() / 2**20)
+        log.info("KV cache: %d blocks x %d tokens = %d tokens max in flight, %.1f MiB (from %s)", n,
+                 self.block_size, n * self.block_size, n * self.kv_bytes_per_block() / 2**20, source)
         return n
 
     def _allocate_kv_cache(self, num_blocks: int):

@@ -9,6 +9,7 @@ import os
 
 import paddle
 
+from paddle_llm_engine.platforms import host_available_memory
 from paddle_llm_engine.runner.base import ModelRunnerBase
 
 
@@ -18,3 +19,7 @@ class CPUModelRunner(ModelRunnerBase):
         n = self.config.num_threads or os.cpu_count() or 1
         paddle.base.core.set_num_threads(n)
         self.num_threads = n
+
+    def available_memory_bytes(self) -> int | None:
+        """The host's MemAvailable (the weights are already loaded when this is asked)."""
+        return host_available_memory()

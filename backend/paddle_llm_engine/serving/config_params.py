@@ -1,52 +1,126 @@
-"""EngineConfig from the `parameters` of a Triton model's config.pbtxt.
+"""EngineConfig (and the serving-only options) from the `parameters` of a Triton model's config.pbtxt.
 
-Every engine setting is a config parameter with a documented default (EngineConfig's). The one
-environment fallback: `model_dir` empty in config.pbtxt -> PADDLE_LLM_MODEL_DIR, which the launcher
-sets from MODEL_DIR; a non-empty config value always wins. Unknown parameter names are an error.
+Every EngineConfig field is a config parameter of the same name with EngineConfig's default
+(an empty string_value also means the default). The one environment fallback: `model_dir` empty
+in config.pbtxt -> PADDLE_LLM_MODEL_DIR, which the launcher sets from MODEL_DIR; a non-empty config
+value always wins. Unknown parameter names are an error naming them.
+
+Serving-only parameters (not engine settings):
+- gcu_device_ids: "0;1;2;3" maps instance ordinal k (serving/instances.py: "llm_0_1" -> 1) to
+  device id ids[k % len(ids)].
+- fault_inject_after_steps: TESTS ONLY. N > 0 makes the engine step raise once N steps have run
+  (serving/fault_injection.py); 0 (the default) is off and nothing is installed.
+
+Device id of an instance: gcu_device_ids when set; else the `device_id` parameter when set (all
+instances on that id); else the instance ordinal (instance k on device k; on CPU the id is unused).
+Triton itself gives every KIND_CPU instance device id 0, so its model_instance_device_id is not used.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+from dataclasses import dataclass
 
 from paddle_llm_engine.config import EngineConfig
+from paddle_llm_engine.serving.instances import instance_ordinal
 
-_INT_FIELDS = {f.name for f in dataclasses.fields(EngineConfig) if f.type in ("int", int)}
-_STR_FIELDS = {"model_dir", "device"}
-_OTHER_KEYS = {"gcu_device_ids"}
+MODEL_DIR_ENV = "PADDLE_LLM_MODEL_DIR"
+
+
+@dataclass
+class ServingOptions:
+    """config.pbtxt parameters of the `llm` model that are not EngineConfig fields."""
+
+    gcu_device_ids: list[int] = dataclasses.field(default_factory=list)
+    fault_inject_after_steps: int = 0
+
+
+SERVING_KEYS = {f.name for f in dataclasses.fields(ServingOptions)}
+
+
+def engine_fields() -> dict[str, str]:
+    """EngineConfig field name -> its type name ("int", "str", "float", "bool")."""
+    out = {}
+    for f in dataclasses.fields(EngineConfig):
+        t = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        out[f.name] = t
+    return out
+
+
+def _raw(model_config: dict) -> dict[str, str]:
+    return {k: (v or {}).get("string_value", "") for k, v in (model_config.get("parameters") or {}).items()}
+
+
+def _convert(name: str, type_name: str, value: str):
+    v = value.strip()
+    try:
+        if type_name == "int":
+            return int(v)
+        if type_name == "float":
+            return float(v)
+        if type_name == "bool":
+            low = v.lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(v)
+    except ValueError:
+        raise ValueError(f"config.pbtxt parameter {name} must be {'an integer' if type_name == 'int' else 'a ' + type_name}, "
+                         f"got {value!r}") from None
+    return value
+
+
+def check_known(model_config: dict) -> dict[str, str]:
+    """The raw parameters; raises ValueError naming unknown ones and listing the accepted names."""
+    raw = _raw(model_config)
+    known = set(engine_fields()) | SERVING_KEYS
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ValueError(f"unknown parameters in config.pbtxt: {unknown} (accepted: {', '.join(sorted(known))})")
+    return raw
+
+
+def serving_options(model_config: dict) -> ServingOptions:
+    raw = check_known(model_config)
+    opts = ServingOptions()
+    ids = raw.get("gcu_device_ids", "")
+    try:
+        opts.gcu_device_ids = [int(x) for x in ids.replace(",", ";").split(";") if x.strip()]
+    except ValueError:
+        raise ValueError(f"config.pbtxt parameter gcu_device_ids must be ids separated by ';', got {ids!r}") from None
+    fault = raw.get("fault_inject_after_steps", "").strip()
+    if fault:
+        opts.fault_inject_after_steps = _convert("fault_inject_after_steps", "int", fault)
+        if opts.fault_inject_after_steps < 0:
+            raise ValueError("config.pbtxt parameter fault_inject_after_steps must be >= 0")
+    return opts
 
 
 def engine_config_from_triton(model_config: dict, args: dict) -> EngineConfig:
-    """model_config: parsed config.pbtxt JSON; args: initialize() args (instance kind / device id).
+    """model_config: parsed config.pbtxt JSON; args: initialize() args (model_name, model_instance_name).
 
     Raises ValueError naming an unknown or malformed parameter."""
-    raw = {k: v.get("string_value", "") for k, v in model_config.get("parameters", {}).items()}
-    unknown = set(raw) - _INT_FIELDS - _STR_FIELDS - _OTHER_KEYS
-    if unknown:
-        raise ValueError(f"unknown parameters in config.pbtxt: {sorted(unknown)}")
+    raw = check_known(model_config)
+    fields = engine_fields()
     kwargs = {}
     for k, v in raw.items():
-        if k in _OTHER_KEYS or v == "":
-            continue
-        if k in _INT_FIELDS:
-            try:
-                kwargs[k] = int(v)
-            except ValueError:
-                raise ValueError(f"config.pbtxt parameter {k} must be an integer, got {v!r}") from None
-        else:
-            kwargs[k] = v
+        if k in fields and v.strip() != "":
+            kwargs[k] = _convert(k, fields[k], v) if fields[k] != "str" else v
     if not kwargs.get("model_dir"):
-        env = os.environ.get("PADDLE_LLM_MODEL_DIR", "")
+        env = os.environ.get(MODEL_DIR_ENV, "")
         if not env:
-            raise ValueError("parameter model_dir is empty and PADDLE_LLM_MODEL_DIR is not set")
+            raise ValueError(f"parameter model_dir is empty and {MODEL_DIR_ENV} is not set")
         kwargs["model_dir"] = env
-    # Instance -> device: the Triton instance's device id, remapped by gcu_device_ids "0;1;2;3".
-    device_id = int(args.get("model_instance_device_id", 0) or 0)
-    ids = [x for x in raw.get("gcu_device_ids", "").split(";") if x.strip()]
-    if ids:
-        device_id = int(ids[device_id % len(ids)])
-    kwargs["device_id"] = device_id
+    opts = serving_options(model_config)
+    ordinal = instance_ordinal(model_config, args.get("model_name", ""), args.get("model_instance_name", ""))
+    if opts.gcu_device_ids:
+        if "device_id" in kwargs:
+            raise ValueError("config.pbtxt sets both gcu_device_ids and device_id: set one")
+        kwargs["device_id"] = opts.gcu_device_ids[ordinal % len(opts.gcu_device_ids)]
+    elif "device_id" not in kwargs:
+        kwargs["device_id"] = ordinal
     return EngineConfig(**kwargs)
 
 
@@ -54,8 +128,8 @@ def resolve_model_dir(model_config: dict) -> str:
     """The `model_dir` parameter of a config.pbtxt, or PADDLE_LLM_MODEL_DIR when it is empty.
 
     Raises ValueError when neither is set."""
-    v = model_config.get("parameters", {}).get("model_dir", {}).get("string_value", "")
-    v = v or os.environ.get("PADDLE_LLM_MODEL_DIR", "")
+    v = (model_config.get("parameters") or {}).get("model_dir", {}).get("string_value", "")
+    v = v or os.environ.get(MODEL_DIR_ENV, "")
     if not v:
-        raise ValueError("parameter model_dir is empty and PADDLE_LLM_MODEL_DIR is not set")
+        raise ValueError(f"parameter model_dir is empty and {MODEL_DIR_ENV} is not set")
     return v

@@ -52,6 +52,10 @@ class LLMMetrics:
     def on_state(self, stats: EngineStats) -> None:
         self._q.put(("state", stats))
 
+    def on_engine_failed(self) -> None:
+        """The engine stopped after a failure: llm_engine_healthy drops to 0."""
+        self._q.put(("healthy", 0))
+
     def on_rejected(self) -> None:
         """A request refused before it reached the engine (bad input)."""
         self._q.put(("rejected",))
@@ -99,6 +103,8 @@ class LLMMetrics:
         self.kv_free = gauge("llm_kv_cache_free_blocks", "KV blocks free (cached blocks no live sequence holds count as free)")
         self.kv_usage = gauge("llm_kv_cache_usage_ratio", "Used KV blocks / all KV blocks")
         self.prefix_hit = gauge("llm_prefix_cache_hit_ratio", "Prompt tokens served from the prefix cache / prompt tokens")
+        self.healthy = gauge("llm_engine_healthy", "1 while the instance's engine serves; 0 after an engine failure "
+                                                   "(Triton 2.51 keeps the model ready: alert on this)")
         self.ttft = hist("llm_time_to_first_token_seconds", "Arrival to first generated token", _LATENCY_BUCKETS)
         self.itl = hist("llm_inter_token_latency_seconds", "Time between generated tokens", _LATENCY_BUCKETS)
         self.e2e = hist("llm_e2e_request_latency_seconds", "Arrival to finish", _LATENCY_BUCKETS)
@@ -108,6 +114,7 @@ class LLMMetrics:
         for r in FINISH_REASONS:
             self.requests[r].increment(0)
         self.kv_free.set(0)
+        self.healthy.set(1)
 
     def _run(self) -> None:
         try:
@@ -141,6 +148,8 @@ class LLMMetrics:
             self.kv_free.set(s.kv_free_blocks)
             self.kv_usage.set(s.kv_usage_ratio)
             self.prefix_hit.set(s.prefix_cache_hit_ratio)
+        elif kind == "healthy":
+            self.healthy.set(item[1])
         elif kind == "rejected":
             self.requests["error"].increment(1)
         elif kind == "flush":

@@ -36,6 +36,11 @@ class ResponseOptions:
     return_cumulative_logprob: bool = False
     return_output_ids: bool = False
     zero_logprobs: bool = False             # report 0.0 logprobs (TensorRT-LLM when not asked)
+    # BLS callers (the ensemble pipeline): send an error as a final response whose `error` output
+    # holds {"code", "message"} JSON and finish_reason "error". Triton 2.51's BLS response iterator
+    # loses an error response that follows data responses (it never ends, or ends empty), so an
+    # error response cannot reach a BLS caller mid-stream; the caller turns this into a Triton error.
+    errors_as_output: bool = False
 
 
 @dataclass
@@ -68,6 +73,11 @@ class Responder:
     def register(self, request_id: str, sender, opts: ResponseOptions) -> None:
         with self._lock:
             self._live[request_id] = _Pending(sender, opts)
+
+    def discard(self, request_id: str) -> None:
+        """Forget a registered request that never reached the engine."""
+        with self._lock:
+            self._live.pop(request_id, None)
 
     def push(self, out: RequestOutput) -> None:
         """Engine-thread callback: enqueue only."""
@@ -117,6 +127,13 @@ class Responder:
         if out.finished and self._on_finished is not None:
             self._on_finished(out)
         if out.finish_reason == "error":
+            if p.opts.errors_as_output:
+                err = json.dumps({"code": out.error_code, "message": out.error or "error"})
+                self._send(p, pb_utils.InferenceResponse(output_tensors=[
+                    pb_utils.Tensor("text_output", np.array([b""], dtype=np.object_)),
+                    pb_utils.Tensor("finish_reason", np.array([b"error"], dtype=np.object_)),
+                    pb_utils.Tensor("error", np.array([err.encode("utf-8")], dtype=np.object_))]), final=True)
+                return
             code = {"invalid_arg": pb_utils.TritonError.INVALID_ARG,
                     "unavailable": pb_utils.TritonError.UNAVAILABLE}.get(out.error_code, pb_utils.TritonError.INTERNAL)
             err = pb_utils.TritonError(out.error or "error", code)

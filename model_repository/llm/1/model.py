@@ -1,8 +1,10 @@
 """Triton decoupled model `llm`: hosts one Paddle LLM engine per model instance.
 
 Contract: Triton's vLLM backend (text_input, stream, sampling_parameters JSON, the return_* flags)
-plus `input_ids` from the ensemble's preprocessing step. execute() only parses and enqueues; the
-engine runs on its own thread and a responder thread sends the responses.
+plus `input_ids` from the ensemble's preprocessing step, plus TensorRT-LLM's `stop`: a request with
+stop = true aborts the requests in flight under the same Triton request id, on every instance
+(serving/stop_requests.py). execute() only parses and enqueues; the engine runs on its own thread
+and a responder thread sends the responses.
 """
 
 import json
@@ -12,12 +14,17 @@ import uuid
 
 import triton_python_backend_utils as pb_utils
 
-from paddle_llm_engine import EngineConfig, EngineLoop, InvalidRequestError, LLMEngine
+import numpy as np
+
+from paddle_llm_engine import EngineConfig, EngineDeadError, EngineLoop, InvalidRequestError, LLMEngine
 from paddle_llm_engine.request_params import from_vllm_json
 from paddle_llm_engine.serving import tensors as T
-from paddle_llm_engine.serving.config_params import engine_config_from_triton
+from paddle_llm_engine.serving.config_params import engine_config_from_triton, serving_options
+from paddle_llm_engine.serving.fault_injection import install_step_fault
+from paddle_llm_engine.serving.instances import instance_names
 from paddle_llm_engine.serving.metrics import LLMMetrics
 from paddle_llm_engine.serving.responder import Responder, ResponseOptions
+from paddle_llm_engine.serving.stop_requests import StopRequests
 from paddle_llm_engine.tokenizer import encode_prompt
 
 log = logging.getLogger("llm")
@@ -29,14 +36,27 @@ class TritonPythonModel:
         if not pb_utils.using_decoupled_model_transaction_policy(model_config):
             raise pb_utils.TritonModelException("model `llm` must use the decoupled transaction policy")
         cfg: EngineConfig = engine_config_from_triton(model_config, args)
-        log.warning("llm instance %s: %s", args.get("model_instance_name"), cfg)
+        opts = serving_options(model_config)
+        self.instance = args["model_instance_name"]
+        log.warning("llm instance %s: %s", self.instance, cfg)
         self.metrics = LLMMetrics({"model": args["model_name"], "version": str(args["model_version"]),
-                                   "instance": args["model_instance_name"]})
+                                   "instance": self.instance})
         self.engine = LLMEngine(cfg)
+        install_step_fault(self.engine, opts.fault_inject_after_steps)  # tests only; 0 = off
         self.tokenizer = self.engine.tokenizer
-        self.loop = EngineLoop(self.engine, on_state=self.metrics.on_state)
-        self.responder = Responder(abort=self.loop.abort, decode_token=self._decode_token)
+        self.loop = EngineLoop(self.engine, on_state=self.metrics.on_state, on_failure=self._on_engine_failure)
+        self.stops = StopRequests(self.loop.abort, args["model_name"], self.instance,
+                                  instance_names(model_config, args["model_name"]))
+        self.responder = Responder(abort=self.loop.abort, decode_token=self._decode_token,
+                                   on_finished=lambda out: self.stops.remove(out.request_id))
         self.metrics.on_state(self.engine.stats())
+
+    def _on_engine_failure(self, reason: str):
+        """Engine thread, once: the requests in flight already got an error."""
+        self.metrics.on_engine_failed()
+        log.error("llm instance %s: engine failed (%s); every new request now fails at once with INTERNAL. "
+                  "Triton 2.51 keeps /v2/models/llm/ready at 200 (a Python model cannot mark itself not ready): "
+                  "watch llm_engine_healthy and restart the server", self.instance, reason)
 
     def _on_output(self, out):
         """Engine-thread callback: both consumers only enqueue."""
@@ -50,13 +70,22 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                self._submit(request, sender)
+                if T.get_bool(request, "stop"):
+                    self._stop(request, sender)
+                else:
+                    self._submit(request, sender)
             except InvalidRequestError as e:
                 self.metrics.on_rejected()
                 sender.send(pb_utils.InferenceResponse(
                     error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG)),
                     flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-            except Exception as e:  # engine dead or unexpected: fail this request, keep serving
+            except EngineDeadError as e:  # fail fast, naming the original failure
+                self.metrics.on_rejected()
+                sender.send(pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError(f"llm instance {self.instance} is not serving: {e}",
+                                               pb_utils.TritonError.INTERNAL)),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            except Exception as e:  # unexpected: fail this request, keep serving
                 log.exception("request rejected")
                 self.metrics.on_rejected()
                 sender.send(pb_utils.InferenceResponse(
@@ -64,7 +93,20 @@ class TritonPythonModel:
                     flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
 
+    def _stop(self, request, sender):
+        """TensorRT-LLM `stop`: abort the requests in flight under this request's id; answer at once."""
+        tid = request.request_id()
+        if not tid:
+            raise InvalidRequestError("stop", "a stop request needs the request id of the request to stop "
+                                              "(send it with the same request id)")
+        n = self.stops.stop(tid)
+        log.info("stop request for id %r: %d request(s) aborted on %s (siblings notified)", tid, n, self.instance)
+        sender.send(pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor("text_output", np.array([b""], dtype=np.object_))]),
+            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
     def _submit(self, request, sender):
+        self.loop.raise_if_dead()  # fail fast once the engine has failed
         ids = T.get_array(request, "input_ids")
         text = T.get_str(request, "text_input")
         if ids is not None:
@@ -96,14 +138,24 @@ class TritonPythonModel:
             # ensemble path: per-token logprobs for TensorRT-LLM's output_log_probs (zeros unless asked)
             return_output_ids=ids is not None,
             zero_logprobs=ids is not None and not want_lp,
+            errors_as_output=ids is not None,  # the ensemble pipeline (BLS): see ResponseOptions
         )
         if opts.return_logprobs and params.logprobs is None:
             params.logprobs = 0
+        # values are computed only when some output will carry them (the ensemble's zeros do not)
+        params.compute_logprobs = want_lp or bool(T.get_bool(request, "return_cumulative_logprob"))
         rid = uuid.uuid4().hex
         self.responder.register(rid, sender, opts)
-        self.loop.submit(rid, prompt_ids, params, self._on_output)
+        self.stops.add(request.request_id(), rid)
+        try:
+            self.loop.submit(rid, prompt_ids, params, self._on_output)
+        except Exception:
+            self.responder.discard(rid)
+            self.stops.remove(rid)
+            raise
 
     def finalize(self):
         self.loop.shutdown()
+        self.stops.close()
         self.responder.shutdown()
         self.metrics.shutdown()

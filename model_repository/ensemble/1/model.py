@@ -1,0 +1,32 @@
+"""Model `ensemble`: the TensorRT-LLM ensemble contract as a decoupled Python (BLS) model that calls
+preprocessing -> llm -> postprocessing itself, so that a client's cancellation (which Triton 2.51
+does not pass into the steps of a real ensemble) stops the engine's work. The pipeline, the
+cancellation watcher and the `stop` signal live in paddle_llm_engine/serving/ensemble_pipeline.py.
+execute() hands each request to the pipeline and returns at once."""
+
+import json
+
+import triton_python_backend_utils as pb_utils
+
+from paddle_llm_engine.serving.ensemble_pipeline import EnsemblePipeline
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        cfg = json.loads(args["model_config"])
+        if not pb_utils.using_decoupled_model_transaction_policy(cfg):
+            raise pb_utils.TritonModelException("model `ensemble` must use the decoupled transaction policy")
+        params = {k: v.get("string_value", "") for k, v in (cfg.get("parameters") or {}).items()}
+        steps = {k: params[k] for k in ("preprocessing", "llm", "postprocessing") if params.get(k)}
+        unknown = set(params) - {"preprocessing", "llm", "postprocessing"}
+        if unknown:
+            raise pb_utils.TritonModelException(f"unknown parameters in config.pbtxt: {sorted(unknown)}")
+        self.pipeline = EnsemblePipeline(name=args["model_name"], **steps)
+
+    def execute(self, requests):
+        for request in requests:
+            self.pipeline.submit(request)
+        return None
+
+    def finalize(self):
+        self.pipeline.shutdown()
