@@ -1,7 +1,10 @@
 """Per-step tensor ops of the model runner, written in Paddle so they run on every place.
 
-Each op has a pure-Paddle implementation; `dispatch.fused_op(name)` returns the GCU plug-in's
-fused kernel instead where `paddle-custom-gcu` is installed and provides it.
+Each op calls Paddle APIs, so it runs where Paddle has kernels for the tensor's place: on a GCU host
+the paddle-custom-gcu plug-in registers them for the "gcu" place. Where Paddle has a fused kernel
+(e.g. fused_rms_norm), the op uses it when a kernel is registered for the place and falls back to
+composed ops otherwise (see norm.py), so the plug-in's fused kernels are picked up without code of
+ours naming the plug-in.
 """
 
 from paddle_llm_ops.kv_cache import write_kv
