@@ -61,7 +61,8 @@ def main() -> int:
     finally:
         client.stop_stream()
         client.close()
-    print(f"\n[first text after {first:.3f} s, total {time.monotonic() - t0:.3f} s]", file=sys.stderr)
+    print(flush=True)
+    print(f"[first text after {first:.3f} s, total {time.monotonic() - t0:.3f} s]", file=sys.stderr)
     return 0
 
 

@@ -38,7 +38,7 @@ class TritonPythonModel:
         cfg: EngineConfig = engine_config_from_triton(model_config, args)
         opts = serving_options(model_config)
         self.instance = args["model_instance_name"]
-        log.warning("llm instance %s: %s", self.instance, cfg)
+        log.info("llm instance %s: %s", self.instance, cfg)
         self.metrics = LLMMetrics({"model": args["model_name"], "version": str(args["model_version"]),
                                    "instance": self.instance})
         self.engine = LLMEngine(cfg)
