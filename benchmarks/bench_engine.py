@@ -22,7 +22,7 @@ from the safetensors headers; a tied embedding is stored once and counts once, a
 limit tokens/s = B * bandwidth / bytes; "of limit" = decode tokens/s / limit.
 
 Peer: benchmarks/hf_transformers_peer.py in the reference venv (--ref-python; default
-build/ref-venv/bin/python, else /work/refvenv/bin/python; skipped with a note if neither exists):
+build/ref-venv/bin/python, made by `bash scripts/setup.sh --reference`; skipped with a note if missing):
 same weights folder, same token ids, greedy `generate` with max_new_tokens M and no EOS stopping,
 batches left-padded with an explicit attention mask, timed per step by a logits processor. Both sides
 use --threads threads (paddle via EngineConfig.num_threads, torch via torch.set_num_threads, and
@@ -105,8 +105,7 @@ def parameter_count(model_dir: Path, tied: bool) -> int:
 
 
 def find_ref_python(flag: str | None) -> Path | None:
-    candidates = [Path(flag)] if flag else [REPO_ROOT / "build" / "ref-venv" / "bin" / "python",
-                                            Path("/work/refvenv/bin/python")]
+    candidates = [Path(flag)] if flag else [REPO_ROOT / "build" / "ref-venv" / "bin" / "python"]
     for c in candidates:
         if c.is_file() and os.access(c, os.X_OK):
             return c
@@ -195,7 +194,7 @@ def run_ours(args, prompts: list[list[int]]) -> tuple[dict, list[dict]]:
 def run_peer(args, prompts: list[list[int]], pad_id: int) -> dict | None:
     ref = find_ref_python(args.ref_python)
     if ref is None:
-        tried = args.ref_python or "build/ref-venv/bin/python, /work/refvenv/bin/python"
+        tried = args.ref_python or "build/ref-venv/bin/python"
         print(f"note: no reference interpreter ({tried}); skipping the HF transformers peer "
               f"(make one with: bash scripts/setup.sh --reference)", file=sys.stderr)
         return None
@@ -323,7 +322,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=1, help="measured runs per batch size (best reported)")
     ap.add_argument("--ref-python", default=None,
                     help="interpreter with torch + transformers (default build/ref-venv/bin/python, "
-                         "else /work/refvenv/bin/python)")
+                         "made by: bash scripts/setup.sh --reference)")
     ap.add_argument("--no-peer", action="store_true", help="skip the HF transformers peer")
     ap.add_argument("--peer-timeout", type=float, default=3600.0)
     ap.add_argument("--json", action="store_true", help="print a JSON summary instead of the table")

@@ -1,4 +1,4 @@
-"""Cases C1-C4, C6, C7 of /work/shared/cases/README.md against the real tritonserver (C5, the
+"""Cases C1-C4, C6, C7 of shared/cases/README.md against the real tritonserver (C5, the
 metrics, is in test_e2e_metrics.py). Every case runs through the TensorRT-LLM-style `ensemble` and,
 where the case needs finish_reason or token counts, through `llm` directly (vLLM contract)."""
 
