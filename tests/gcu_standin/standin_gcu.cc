@@ -1,0 +1,349 @@
+// Stand-in "gcu" CustomDevice plug-in for tests: NOT an Enflame GCU.
+//
+// Registers Paddle custom device type "gcu" (sub type "standin") with two devices whose "device
+// memory" is host memory. Kernels are not registered here: Paddle runs its CPU kernels on these
+// places through kernel fallback (FLAGS_enable_api_kernel_fallback, on by default; ops on views need
+// FLAGS_use_stride_kernel=0). What this plug-in does model:
+//   - device memory is accounted per device: an allocation that would take the device past its
+//     total memory fails (C_FAILED), so out-of-memory paths are testable;
+//   - device_memory_stats / get_device_properties report that total (and the free part);
+//   - h2d / d2h / d2d / p2p copies (sync and async) are memcpy; streams and events are no-ops.
+// Total memory per device: env STANDIN_GCU_TOTAL_MEMORY_MB (default 4096), read once at load.
+// Env STANDIN_GCU_DEVICE_COUNT (default 2, 1..8) sets the number of devices.
+//
+// Written against paddle/phi/backends/device_ext.h of the installed wheel (tests/gcu_standin/build.py
+// compiles it with the machine's g++). No static objects with destructors: Paddle may call into the
+// plug-in while the process exits.
+
+#include <atomic>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "paddle/phi/backends/device_base.h"  // phi::DeviceProp, filled by get_device_properties
+#include "paddle/phi/backends/device_ext.h"
+
+// The opaque handles of device_ext.h: streams and events only remember their device.
+struct C_Stream_st {
+  int device;
+};
+struct C_Event_st {
+  int device;
+};
+
+namespace {
+
+constexpr size_t kMaxDevices = 8;
+constexpr size_t kHeader = 64;  // bytes before each allocation: its size, keeps 64-byte alignment
+constexpr uint64_t kMagic = 0x5354414e44494e47ULL;  // "STANDING"
+
+size_t g_device_count = 2;
+size_t g_total_bytes = 4096ULL << 20;
+std::atomic<size_t> g_used[kMaxDevices];
+std::atomic<size_t> g_peak[kMaxDevices];
+thread_local int g_current_device = 0;
+
+size_t env_size(const char* name, size_t fallback, size_t lo, size_t hi) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  errno = 0;
+  unsigned long long x = std::strtoull(v, &end, 10);
+  if (errno != 0 || end == v || *end != '\0' || x < lo || x > hi) {
+    std::fprintf(stderr, "standin_gcu: ignoring %s=%s (want an integer in [%zu, %zu]), using %zu\n",
+                 name, v, lo, hi, fallback);
+    return fallback;
+  }
+  return static_cast<size_t>(x);
+}
+
+bool valid(const C_Device d) { return d != nullptr && d->id >= 0 && static_cast<size_t>(d->id) < g_device_count; }
+
+// -- device management ---------------------------------------------------------------------
+void ReadConfig() {  // from InitPlugin, before Paddle asks anything
+  g_device_count = env_size("STANDIN_GCU_DEVICE_COUNT", 2, 1, kMaxDevices);
+  g_total_bytes = env_size("STANDIN_GCU_TOTAL_MEMORY_MB", 4096, 1, 1ULL << 24) << 20;
+}
+
+C_Status Initialize() { return C_SUCCESS; }
+
+C_Status Finalize() { return C_SUCCESS; }
+
+C_Status InitDevice(const C_Device d) {
+  if (!valid(d)) return C_ERROR;
+  g_current_device = d->id;
+  return C_SUCCESS;
+}
+
+C_Status SetDevice(const C_Device d) {
+  if (!valid(d)) return C_ERROR;
+  g_current_device = d->id;
+  return C_SUCCESS;
+}
+
+C_Status GetDevice(const C_Device d) {
+  d->id = g_current_device;
+  return C_SUCCESS;
+}
+
+C_Status DeinitDevice(const C_Device d) { return valid(d) ? C_SUCCESS : C_ERROR; }
+
+C_Status GetDeviceCount(size_t* count) {
+  *count = g_device_count;
+  return C_SUCCESS;
+}
+
+C_Status GetDeviceList(size_t* devices) {
+  for (size_t i = 0; i < g_device_count; ++i) devices[i] = i;
+  return C_SUCCESS;
+}
+
+// -- accounted device memory ---------------------------------------------------------------
+C_Status DeviceAllocate(const C_Device d, void** ptr, size_t size) {
+  *ptr = nullptr;
+  if (!valid(d)) return C_ERROR;
+  std::atomic<size_t>& used = g_used[d->id];
+  size_t before = used.load();
+  do {
+    if (size > g_total_bytes || before > g_total_bytes - size) {
+      std::fprintf(stderr,
+                   "standin_gcu: out of memory on gcu:%d: %zu bytes requested, %zu of %zu in use\n",
+                   d->id, size, before, g_total_bytes);
+      return C_FAILED;
+    }
+  } while (!used.compare_exchange_weak(before, before + size));
+  void* raw = nullptr;
+  if (posix_memalign(&raw, kHeader, kHeader + size) != 0) {
+    used.fetch_sub(size);
+    return C_FAILED;
+  }
+  auto* header = static_cast<uint64_t*>(raw);
+  header[0] = kMagic;
+  header[1] = size;
+  header[2] = static_cast<uint64_t>(d->id);
+  size_t now = before + size;
+  size_t peak = g_peak[d->id].load();
+  while (now > peak && !g_peak[d->id].compare_exchange_weak(peak, now)) {
+  }
+  *ptr = static_cast<char*>(raw) + kHeader;
+  return C_SUCCESS;
+}
+
+C_Status DeviceDeallocate(const C_Device d, void* ptr, size_t /*size*/) {
+  if (ptr == nullptr) return C_SUCCESS;
+  void* raw = static_cast<char*>(ptr) - kHeader;
+  auto* header = static_cast<uint64_t*>(raw);
+  if (header[0] != kMagic || header[2] >= g_device_count) {
+    std::fprintf(stderr, "standin_gcu: free of a pointer not allocated here (%p)\n", ptr);
+    return C_ERROR;
+  }
+  g_used[header[2]].fetch_sub(header[1]);
+  header[0] = 0;
+  std::free(raw);
+  (void)d;
+  return C_SUCCESS;
+}
+
+C_Status DeviceMemorySet(const C_Device, void* ptr, unsigned char value, size_t size) {
+  std::memset(ptr, value, size);
+  return C_SUCCESS;
+}
+
+// Host (pinned) and unified memory: plain host memory, not counted against the device.
+C_Status HostAllocate(const C_Device, void** ptr, size_t size) {
+  *ptr = std::malloc(size == 0 ? 1 : size);
+  return *ptr ? C_SUCCESS : C_FAILED;
+}
+
+C_Status HostDeallocate(const C_Device, void* ptr, size_t) {
+  std::free(ptr);
+  return C_SUCCESS;
+}
+
+C_Status MemoryStats(const C_Device d, size_t* total, size_t* free_bytes) {
+  if (!valid(d)) return C_ERROR;
+  size_t used = g_used[d->id].load();
+  *total = g_total_bytes;
+  *free_bytes = used >= g_total_bytes ? 0 : g_total_bytes - used;
+  return C_SUCCESS;
+}
+
+C_Status MinChunkSize(const C_Device, size_t* size) {
+  *size = 512;
+  return C_SUCCESS;
+}
+
+C_Status ExtraPaddingSize(const C_Device, size_t* size) {
+  *size = 0;
+  return C_SUCCESS;
+}
+
+// -- copies ------------------------------------------------------------------------------------
+C_Status Copy(const C_Device, void* dst, const void* src, size_t size) {
+  if (size) std::memcpy(dst, src, size);
+  return C_SUCCESS;
+}
+
+C_Status AsyncCopy(const C_Device, C_Stream, void* dst, const void* src, size_t size) {
+  if (size) std::memcpy(dst, src, size);
+  return C_SUCCESS;
+}
+
+C_Status CopyP2P(const C_Device, const C_Device, void* dst, const void* src, size_t size) {
+  if (size) std::memcpy(dst, src, size);
+  return C_SUCCESS;
+}
+
+C_Status AsyncCopyP2P(const C_Device, const C_Device, C_Stream, void* dst, const void* src, size_t size) {
+  if (size) std::memcpy(dst, src, size);
+  return C_SUCCESS;
+}
+
+// -- streams and events: everything is synchronous ---------------------------------------------
+C_Status CreateStream(const C_Device d, C_Stream* stream) {
+  *stream = new C_Stream_st{d ? d->id : 0};
+  return C_SUCCESS;
+}
+
+C_Status DestroyStream(const C_Device, C_Stream stream) {
+  delete stream;
+  return C_SUCCESS;
+}
+
+C_Status QueryStream(const C_Device, C_Stream) { return C_SUCCESS; }
+
+C_Status AddCallback(const C_Device d, C_Stream s, C_Callback callback, void* user_data) {
+  C_Status status = C_SUCCESS;
+  callback(d, s, user_data, &status);  // the stream is always idle: run it now
+  return status;
+}
+
+C_Status CreateEvent(const C_Device d, C_Event* event) {
+  *event = new C_Event_st{d ? d->id : 0};
+  return C_SUCCESS;
+}
+
+C_Status RecordEvent(const C_Device, C_Stream, C_Event) { return C_SUCCESS; }
+
+C_Status DestroyEvent(const C_Device, C_Event event) {
+  delete event;
+  return C_SUCCESS;
+}
+
+C_Status QueryEvent(const C_Device, C_Event) { return C_SUCCESS; }
+C_Status SyncDevice(const C_Device) { return C_SUCCESS; }
+C_Status SyncStream(const C_Device, C_Stream) { return C_SUCCESS; }
+C_Status SyncEvent(const C_Device, C_Event) { return C_SUCCESS; }
+C_Status StreamWaitEvent(const C_Device, C_Stream, C_Event) { return C_SUCCESS; }
+
+// -- info ----------------------------------------------------------------------------------------
+C_Status GetDeviceProperties(const C_Device d, void* out) {
+  if (!valid(d) || out == nullptr) return C_ERROR;
+  auto* prop = static_cast<phi::DeviceProp*>(out);
+  prop->name = "standin-gcu (host memory, not an Enflame GCU)";
+  prop->deviceMajor = 0;
+  prop->deviceMinor = 1;
+  prop->totalGlobalMem = g_total_bytes;
+  prop->multiProcessorCount = 1;
+  prop->isMultiGpuBoard = false;
+  prop->integrated = true;
+  return C_SUCCESS;
+}
+
+C_Status ComputeCapability(const C_Device, size_t* v) {
+  *v = 1;
+  return C_SUCCESS;
+}
+
+C_Status RuntimeVersion(const C_Device, size_t* v) {
+  *v = 1;
+  return C_SUCCESS;
+}
+
+C_Status DriverVersion(const C_Device, size_t* v) {
+  *v = 1;
+  return C_SUCCESS;
+}
+
+C_Status Unsupported(const C_Device, bool* supported) {
+  *supported = false;
+  return C_SUCCESS;
+}
+
+}  // namespace
+
+extern "C" {
+
+// Tests read the accounting directly (ctypes) to cross-check paddle's numbers.
+size_t standin_gcu_used_bytes(int device) {
+  return device >= 0 && static_cast<size_t>(device) < kMaxDevices ? g_used[device].load() : 0;
+}
+size_t standin_gcu_peak_bytes(int device) {
+  return device >= 0 && static_cast<size_t>(device) < kMaxDevices ? g_peak[device].load() : 0;
+}
+size_t standin_gcu_total_bytes() { return g_total_bytes; }
+
+void InitPlugin(CustomRuntimeParams* params) {
+  PADDLE_CUSTOM_RUNTIME_CHECK_VERSION(params);
+  ReadConfig();
+  params->device_type = const_cast<char*>("gcu");
+  params->sub_device_type = const_cast<char*>("standin");
+
+  C_DeviceInterface* f = params->interface;
+  std::memset(reinterpret_cast<void*>(f), 0, sizeof(C_DeviceInterface));
+  f->size = sizeof(C_DeviceInterface);
+
+  f->initialize = Initialize;
+  f->finalize = Finalize;
+  f->init_device = InitDevice;
+  f->set_device = SetDevice;
+  f->get_device = GetDevice;
+  f->deinit_device = DeinitDevice;
+
+  f->create_stream = CreateStream;
+  f->destroy_stream = DestroyStream;
+  f->query_stream = QueryStream;
+  f->stream_add_callback = AddCallback;
+  f->create_event = CreateEvent;
+  f->record_event = RecordEvent;
+  f->destroy_event = DestroyEvent;
+  f->query_event = QueryEvent;
+  f->synchronize_device = SyncDevice;
+  f->synchronize_stream = SyncStream;
+  f->synchronize_event = SyncEvent;
+  f->stream_wait_event = StreamWaitEvent;
+
+  f->device_memory_allocate = DeviceAllocate;
+  f->device_memory_deallocate = DeviceDeallocate;
+  f->device_memory_set = DeviceMemorySet;
+  f->host_memory_allocate = HostAllocate;
+  f->host_memory_deallocate = HostDeallocate;
+  f->unified_memory_allocate = HostAllocate;
+  f->unified_memory_deallocate = HostDeallocate;
+
+  f->memory_copy_h2d = Copy;
+  f->memory_copy_d2h = Copy;
+  f->memory_copy_d2d = Copy;
+  f->memory_copy_p2p = CopyP2P;
+  f->async_memory_copy_h2d = AsyncCopy;
+  f->async_memory_copy_d2h = AsyncCopy;
+  f->async_memory_copy_d2d = AsyncCopy;
+  f->async_memory_copy_p2p = AsyncCopyP2P;
+
+  f->get_device_count = GetDeviceCount;
+  f->get_device_list = GetDeviceList;
+  f->device_memory_stats = MemoryStats;
+  f->device_min_chunk_size = MinChunkSize;
+  f->device_extra_padding_size = ExtraPaddingSize;
+  f->get_device_properties = GetDeviceProperties;
+  f->get_compute_capability = ComputeCapability;
+  f->get_runtime_version = RuntimeVersion;
+  f->get_driver_version = DriverVersion;
+  f->is_float16_supported = Unsupported;
+  f->is_bfloat16_supported = Unsupported;
+  f->is_dnn_supported = Unsupported;
+}
+
+}  // extern "C"
