@@ -11,7 +11,7 @@ import pytest
 from paddle_llm_engine import EngineConfig, LLMEngine
 from paddle_llm_engine import platforms
 from paddle_llm_engine.runner.cpu_runner import CPUModelRunner
-from paddle_llm_engine.serving.config_params import engine_config_from_triton
+from paddle_llm_triton.config_params import engine_config_from_triton
 from tiny_model import HEAD_DIM, KV_HEADS, LAYERS
 
 BLOCK = 16

@@ -1,6 +1,7 @@
-"""config.pbtxt parameters -> EngineConfig (serving/config_params.py) and instance -> device mapping
-(serving/instances.py): every EngineConfig field is a parameter, unknown names are rejected by name,
-a non-empty model_dir wins over PADDLE_LLM_MODEL_DIR, and the instance ordinal picks the device."""
+"""config.pbtxt parameters -> EngineConfig (paddle_llm_triton/config_params.py) and instance -> device
+mapping (paddle_llm_triton/instances.py): every EngineConfig field is a parameter, unknown names are
+rejected by name, a non-empty model_dir wins over PADDLE_LLM_MODEL_DIR, and the instance ordinal
+picks the device."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import dataclasses
 import pytest
 
 from paddle_llm_engine.config import EngineConfig
-from paddle_llm_engine.serving.config_params import (MODEL_DIR_ENV, engine_config_from_triton, engine_fields,
-                                                     resolve_model_dir, serving_options)
-from paddle_llm_engine.serving.instances import instance_names, instance_ordinal
+from paddle_llm_triton.config_params import (MODEL_DIR_ENV, engine_config_from_triton, engine_fields,
+                                             resolve_model_dir, serving_options)
+from paddle_llm_triton.instances import instance_names, instance_ordinal
 
 
 def model_config(params: dict | None = None, groups: list | None = None) -> dict:

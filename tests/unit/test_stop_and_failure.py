@@ -1,5 +1,5 @@
-"""`stop` by request id (serving/stop_requests.py, serving/abort_bus.py) and the engine-failure path
-(engine_loop.py, serving/fault_injection.py), without a Triton server."""
+"""`stop` by request id (paddle_llm_triton/stop_requests.py, abort_bus.py) and the engine-failure
+path (paddle_llm_engine/engine_loop.py, paddle_llm_triton/fault_injection.py), without a Triton server."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from paddle_llm_engine.engine_loop import EngineLoop
 from paddle_llm_engine.errors import EngineDeadError
 from paddle_llm_engine.outputs import EngineStats, RequestOutput
 from paddle_llm_engine.sampling_params import SamplingParams
-from paddle_llm_engine.serving.abort_bus import AbortBus
-from paddle_llm_engine.serving.fault_injection import InjectedFault, install_step_fault
-from paddle_llm_engine.serving.stop_requests import StopRegistry, StopRequests
+from paddle_llm_triton.abort_bus import AbortBus
+from paddle_llm_triton.fault_injection import InjectedFault, install_step_fault
+from paddle_llm_triton.stop_requests import StopRegistry, StopRequests
 
 
 def wait_until(pred, timeout=5.0):

@@ -3,8 +3,8 @@
 Contract: Triton's vLLM backend (text_input, stream, sampling_parameters JSON, the return_* flags)
 plus `input_ids` from the ensemble's preprocessing step, plus TensorRT-LLM's `stop`: a request with
 stop = true aborts the requests in flight under the same Triton request id, on every instance
-(serving/stop_requests.py). execute() only parses and enqueues; the engine runs on its own thread
-and a responder thread sends the responses.
+(paddle_llm_triton/stop_requests.py). execute() only parses and enqueues; the engine runs on its own
+thread and a responder thread sends the responses.
 """
 
 import json
@@ -17,15 +17,15 @@ import triton_python_backend_utils as pb_utils
 import numpy as np
 
 from paddle_llm_engine import EngineConfig, EngineDeadError, EngineLoop, InvalidRequestError, LLMEngine
-from paddle_llm_engine.request_params import from_vllm_json
-from paddle_llm_engine.serving import tensors as T
-from paddle_llm_engine.serving.config_params import engine_config_from_triton, serving_options
-from paddle_llm_engine.serving.fault_injection import install_step_fault
-from paddle_llm_engine.serving.instances import instance_names
-from paddle_llm_engine.serving.metrics import LLMMetrics
-from paddle_llm_engine.serving.responder import Responder, ResponseOptions
-from paddle_llm_engine.serving.stop_requests import StopRequests
 from paddle_llm_engine.tokenizer import encode_prompt
+from paddle_llm_triton import tensors as T
+from paddle_llm_triton.config_params import engine_config_from_triton, serving_options
+from paddle_llm_triton.contracts.vllm import from_vllm_json
+from paddle_llm_triton.fault_injection import install_step_fault
+from paddle_llm_triton.instances import instance_names
+from paddle_llm_triton.metrics import LLMMetrics
+from paddle_llm_triton.responder import Responder, ResponseOptions
+from paddle_llm_triton.stop_requests import StopRequests
 
 log = logging.getLogger("llm")
 

@@ -8,7 +8,7 @@ step needs comes from the `llm` response itself (prompt prefix and logprob zeroi
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from paddle_llm_engine.serving import tensors as T
+from paddle_llm_triton import tensors as T
 
 
 class TritonPythonModel:

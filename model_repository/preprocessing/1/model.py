@@ -9,10 +9,11 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from paddle_llm_engine import InvalidRequestError
-from paddle_llm_engine.request_params import from_trtllm_tensors, to_json
-from paddle_llm_engine.serving import tensors as T
-from paddle_llm_engine.serving.config_params import resolve_model_dir
 from paddle_llm_engine.tokenizer import encode_prompt, load_tokenizer
+from paddle_llm_triton import tensors as T
+from paddle_llm_triton.config_params import resolve_model_dir
+from paddle_llm_triton.contracts.trtllm import from_trtllm_tensors
+from paddle_llm_triton.contracts.vllm import to_json
 
 log = logging.getLogger("preprocessing")
 

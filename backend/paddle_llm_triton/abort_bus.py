@@ -3,7 +3,7 @@
 Each instance binds a Unix datagram socket in the abstract namespace (Linux; nothing on disk, gone
 when the process exits) named after the server process, the model and the instance:
 "\\0paddle_llm_stop/<tritonserver pid>/<model>/<instance>". `publish(id)` sends the id to every
-sibling named by the model's instance_group (serving/instances.py); a thread in each sibling receives
+sibling named by the model's instance_group (instances.py); a thread in each sibling receives
 it and calls `on_stop(id)`. Delivery is best effort: a sibling that is not (yet) listening is
 skipped. With one instance nothing is ever sent.
 """

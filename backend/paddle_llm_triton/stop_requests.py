@@ -58,7 +58,7 @@ class StopRequests:
 
     def __init__(self, abort: Callable[[str], None], model_name: str, instance_name: str, peers: list[str],
                  server_pid: int | None = None):
-        from paddle_llm_engine.serving.abort_bus import AbortBus
+        from paddle_llm_triton.abort_bus import AbortBus
 
         self.registry = StopRegistry(abort)
         self.bus = AbortBus(model_name, instance_name, peers, on_stop=self.registry.stop, server_pid=server_pid)

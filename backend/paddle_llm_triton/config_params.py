@@ -6,10 +6,10 @@ in config.pbtxt -> PADDLE_LLM_MODEL_DIR, which the launcher sets from MODEL_DIR;
 value always wins. Unknown parameter names are an error naming them.
 
 Serving-only parameters (not engine settings):
-- gcu_device_ids: "0;1;2;3" maps instance ordinal k (serving/instances.py: "llm_0_1" -> 1) to
+- gcu_device_ids: "0;1;2;3" maps instance ordinal k (instances.py: "llm_0_1" -> 1) to
   device id ids[k % len(ids)].
 - fault_inject_after_steps: TESTS ONLY. N > 0 makes the engine step raise once N steps have run
-  (serving/fault_injection.py); 0 (the default) is off and nothing is installed.
+  (fault_injection.py); 0 (the default) is off and nothing is installed.
 
 Device id of an instance: gcu_device_ids when set; else the `device_id` parameter when set (all
 instances on that id); else the instance ordinal (instance k on device k; on CPU the id is unused).
@@ -23,7 +23,7 @@ import os
 from dataclasses import dataclass
 
 from paddle_llm_engine.config import EngineConfig
-from paddle_llm_engine.serving.instances import instance_ordinal
+from paddle_llm_triton.instances import instance_ordinal
 
 MODEL_DIR_ENV = "PADDLE_LLM_MODEL_DIR"
 

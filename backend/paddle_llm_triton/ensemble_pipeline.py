@@ -7,7 +7,7 @@ This model is the request the client talks to, so its own `response_sender.is_ca
 true when the client cancels (gRPC stop_stream(cancel_requests=True)) or drops the connection
 (gRPC or HTTP generate_stream). The 2.51 Python backend has no way to cancel an in-flight BLS
 request (its ResponseIterator has no cancel()), so the abort travels as a request of its own: a
-`stop` request to `llm` carrying the inner request's id (serving/stop_requests.py aborts it on
+`stop` request to `llm` carrying the inner request's id (stop_requests.py aborts it on
 whichever `llm` instance runs it).
 
 Per client request (one thread each; the engine's own threads do the heavy work):

@@ -1,0 +1,15 @@
+"""The Triton adapter: everything between Triton's Python backend and the engine (paddle_llm_engine).
+
+The model_repository/*/1/model.py files are thin; the work they delegate lives here:
+- contracts/: the two client contracts -> SamplingParams (vllm.py for `llm`, trtllm.py for `ensemble`)
+- tensors.py: request tensors -> Python values, errors naming the tensor
+- config_params.py, instances.py: config.pbtxt parameters -> EngineConfig, instance -> device
+- responder.py: the thread that turns engine outputs into Triton responses (and sees cancellation)
+- metrics.py: the thread that makes every pb_utils.MetricFamily call
+- stop_requests.py, abort_bus.py: TensorRT-LLM `stop` by request id, across instances
+- ensemble_pipeline.py: the `ensemble` BLS model (preprocessing -> llm -> postprocessing)
+- fault_injection.py: test-only engine failure
+
+The engine never imports this package. Modules here import `triton_python_backend_utils` lazily
+(inside functions), so they import, and their logic is testable, outside a Triton stub process.
+"""

@@ -1,0 +1,5 @@
+"""The two client contracts the Triton models accept, one module each, mapped to SamplingParams:
+
+- vllm.py: Triton's vLLM backend (model `llm`): the `sampling_parameters` JSON object.
+- trtllm.py: Triton's TensorRT-LLM ensemble (model `ensemble`): one input tensor per parameter.
+"""
