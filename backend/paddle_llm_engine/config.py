@@ -135,6 +135,13 @@ class EngineConfig:
     num_threads: CPU threads for Paddle kernels; 0 means all cores.
     enable_prefix_caching: 1 reuses KV blocks of equal prompt prefixes across requests; 0 disables.
     max_waiting_requests: queue bound; past it new requests fail with "server busy".
+    dtype: weights and activations: "auto" (the fastest dtype the place has kernels for: float32
+        on CPU), "float32", "bfloat16", "float16"; a dtype the place lacks kernels for is refused.
+    kv_cache_dtype: "auto" (= dtype) or a dtype; narrower than dtype is storage only (half the memory
+        per block for bfloat16 / float16 under float32).
+    kernels: "auto" (each optional fused kernel where the platform layer finds the place can run
+        it), "composed" (plain Paddle ops only), or a ';'-separated list of kernels to require
+        (e.g. "fused_rms_norm"; refused at start where the place cannot run one).
     """
 
     model_dir: str
@@ -150,6 +157,9 @@ class EngineConfig:
     num_threads: int = 0
     enable_prefix_caching: int = 1
     max_waiting_requests: int = 1024
+    dtype: str = "auto"
+    kv_cache_dtype: str = "auto"
+    kernels: str = "auto"
 
     def validate(self, model: ModelConfig) -> None:
         """Resolve defaults against the model and check ranges; raises ValueError naming the field."""
@@ -173,6 +183,10 @@ class EngineConfig:
             raise ValueError(f"max_waiting_requests must be > 0, got {self.max_waiting_requests}")
         if self.num_kv_blocks < 0 or self.kv_cache_memory_bytes <= 0:
             raise ValueError("num_kv_blocks must be >= 0 and kv_cache_memory_bytes > 0")
+        for name in ("dtype", "kv_cache_dtype"):
+            value = getattr(self, name)
+            if value not in ("auto", "float32", "bfloat16", "float16"):
+                raise ValueError(f"{name} must be one of auto, float32, bfloat16, float16; got {value!r}")
         if not (0.0 <= self.kv_cache_memory_fraction <= 1.0):
             raise ValueError(f"kv_cache_memory_fraction must be 0 (off) or in (0, 1], "
                              f"got {self.kv_cache_memory_fraction}")

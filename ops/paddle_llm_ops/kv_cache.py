@@ -1,11 +1,18 @@
-"""Write the new keys and values of a step into the paged KV cache.
+"""The paged KV cache: write a step's new keys and values, gather a sequence's context back.
 
 Cache layout per layer: [num_kv_heads, num_blocks * block_size, head_dim]; the middle axis holds
 "slots": a token at position p of a sequence lives in slot
 block_table[p // block_size] * block_size + p % block_size. Heads come first so that the gathered
 context of one head is contiguous and attention runs as plain batched matmuls (Paddle's CPU matmul
 is several times slower on strided or broadcast operands).
+
+The cache may be stored in a narrower dtype than the model computes in (kv_cache_dtype bfloat16 or
+float16 under a float32 model): values are cast on write and cast back when gathered. Where Paddle
+has no gather kernel for the cache's dtype (CPU: none for float16), the gather runs on a
+same-width view (bit-identical) and the cast reads the view as the cache's dtype again.
 """
+
+from __future__ import annotations
 
 import functools
 
@@ -24,7 +31,22 @@ def write_kv(
     v: paddle.Tensor,
     slot_mapping: paddle.Tensor,
 ) -> None:
-    """In place. k, v: [T, num_kv_heads, head_dim]; slot_mapping: [T] int64 slot per token."""
+    """In place. k, v: [T, num_kv_heads, head_dim] in the compute dtype; slot_mapping: [T] int64 slot
+    per token. The values are cast to the cache's dtype when it differs."""
     index = (_head_index(k_cache.shape[0], str(k_cache.place)), slot_mapping.unsqueeze(0))
+    if k.dtype != k_cache.dtype:
+        k, v = k.astype(k_cache.dtype), v.astype(v_cache.dtype)
     paddle.index_put_(k_cache, index, k.transpose([1, 0, 2]))
     paddle.index_put_(v_cache, index, v.transpose([1, 0, 2]))
+
+
+def gather_kv(cache: paddle.Tensor, slots: paddle.Tensor, compute_dtype, gather_dtype=None) -> paddle.Tensor:
+    """The cache rows at `slots` ([N] int64), [num_kv_heads, N, head_dim] in compute_dtype.
+
+    gather_dtype: None, or a dtype of the cache's width to gather through (a bit-identical view)
+    when Paddle has no gather kernel for the cache's own dtype on this place."""
+    if gather_dtype is None or gather_dtype == cache.dtype:
+        out = paddle.index_select(cache, slots, axis=1)
+    else:
+        out = paddle.index_select(cache.view(gather_dtype), slots, axis=1).view(cache.dtype)
+    return out if out.dtype == compute_dtype else out.astype(compute_dtype)

@@ -4,6 +4,8 @@ Scaled dot-product attention (Vaswani et al. 2017): softmax(q k^T / sqrt(d)) v, 
 attention (num_heads = group * num_kv_heads; query head h uses KV head h // group, as HF's
 repeat_kv) and a causal mask. Keys and values are read from the cache through slot indices (see
 kv_cache.py), so the same code serves fresh prompts, chunked prefill and recomputation.
+Scores and softmax run in fp32 whatever the compute dtype (as HF's eager attention does); a cache
+stored in a narrower dtype is cast to q's dtype when gathered (kv_cache.gather_kv).
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import numpy as np
 import paddle
 import paddle.nn.functional as F
+
+from paddle_llm_ops.kv_cache import gather_kv
 
 
 def _causal_mask(n: int, start_pos: int) -> paddle.Tensor:
@@ -36,10 +40,14 @@ def _attend(q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, start_pos: int
     ctx = k.shape[1]
     qg = q.reshape([n, kvh, g, d]).transpose([1, 2, 0, 3]).reshape([kvh, g * n, d])
     scores = (paddle.matmul(qg, k, transpose_y=True) * scale).reshape([kvh, g, n, ctx])
+    if scores.dtype != paddle.float32:
+        scores = scores.astype("float32")
     if n > 1:
         # query i sits at position start_pos + i and sees keys 0 .. start_pos + i.
         scores = scores + _causal_mask(n, start_pos)
     probs = F.softmax(scores, axis=-1).reshape([kvh, g * n, ctx])
+    if probs.dtype != v.dtype:
+        probs = probs.astype(v.dtype)
     out = paddle.matmul(probs, v).reshape([kvh, g, n, d])
     return out.transpose([2, 0, 1, 3]).reshape([n, nh * d])
 
@@ -51,17 +59,19 @@ def prefill_attention(
     context_slots: paddle.Tensor,
     start_pos: int,
     scale: float,
+    gather_dtype=None,
 ) -> paddle.Tensor:
     """Causal attention of one sequence's chunk of new tokens over its whole context.
 
     q: [n, num_heads, d] queries for positions start_pos .. start_pos+n-1.
     k_cache, v_cache: [num_kv_heads, num_slots, d] (already holding this chunk's keys/values).
     context_slots: [start_pos + n] int64 slots of positions 0 .. start_pos+n-1.
-    Returns [n, num_heads * d]. Chunks longer than PREFILL_QUERY_BLOCK run block by block.
+    gather_dtype: see kv_cache.gather_kv.
+    Returns [n, num_heads * d] in q's dtype. Chunks longer than PREFILL_QUERY_BLOCK run block by block.
     """
     n = q.shape[0]
-    k = paddle.index_select(k_cache, context_slots, axis=1)  # [kvh, ctx, d]
-    v = paddle.index_select(v_cache, context_slots, axis=1)
+    k = gather_kv(k_cache, context_slots, q.dtype, gather_dtype)  # [kvh, ctx, d]
+    v = gather_kv(v_cache, context_slots, q.dtype, gather_dtype)
     if n <= PREFILL_QUERY_BLOCK:
         return _attend(q, k, v, start_pos, scale)
     outs = []
@@ -79,21 +89,27 @@ def decode_attention(
     context_slots: paddle.Tensor,
     key_mask: paddle.Tensor,
     scale: float,
+    gather_dtype=None,
 ) -> paddle.Tensor:
     """One new token per sequence, batched over B sequences with contexts padded to L.
 
     q: [B, num_heads, d]; context_slots: [B, L] int64 (padding points at any valid slot);
     key_mask: [1, B, 1, L] additive fp32 (0 for real keys, -inf for padding).
-    Returns [B, num_heads * d].
+    gather_dtype: see kv_cache.gather_kv.
+    Returns [B, num_heads * d] in q's dtype.
     """
     b, nh, d = q.shape
     kvh = k_cache.shape[0]
     length = context_slots.shape[1]
     flat = context_slots.reshape([-1])
-    k = paddle.index_select(k_cache, flat, axis=1).reshape([kvh, b, length, d])
-    v = paddle.index_select(v_cache, flat, axis=1).reshape([kvh, b, length, d])
+    k = gather_kv(k_cache, flat, q.dtype, gather_dtype).reshape([kvh, b, length, d])
+    v = gather_kv(v_cache, flat, q.dtype, gather_dtype).reshape([kvh, b, length, d])
     qg = q.reshape([b, kvh, nh // kvh, d]).transpose([1, 0, 2, 3])  # [kvh, B, g, d]
-    scores = paddle.matmul(qg, k, transpose_y=True) * scale + key_mask  # [kvh, B, g, L]
-    probs = F.softmax(scores, axis=-1)
+    scores = paddle.matmul(qg, k, transpose_y=True) * scale  # [kvh, B, g, L]
+    if scores.dtype != paddle.float32:
+        scores = scores.astype("float32")
+    probs = F.softmax(scores + key_mask, axis=-1)
+    if probs.dtype != v.dtype:
+        probs = probs.astype(v.dtype)
     out = paddle.matmul(probs, v)  # [kvh, B, g, d]
     return out.transpose([1, 0, 2, 3]).reshape([b, nh * d])

@@ -121,9 +121,13 @@ def check(name: str, ref: dict, tokens: dict, rows: dict) -> float:
     return worst
 
 
-def test_mixed_prefill_and_decode(family):
+@pytest.mark.parametrize("kernels", ["auto", "composed"])
+def test_mixed_prefill_and_decode(family, kernels):
+    """With the kernels this host chose, and with the composed ones an AVX2-only host runs."""
     name, model_dir, ref = family
-    engine = make_engine(model_dir)
+    engine = make_engine(model_dir, kernels=kernels)
+    assert dict(engine.runner.ops.names)["rms_norm"] == (
+        "fused" if engine.runner.plan.kernels["fused_rms_norm"] else "composed")
     tokens, rows = {}, {}
     n_new = ref["output_ids"].shape[1]
     for i in (0, 2):

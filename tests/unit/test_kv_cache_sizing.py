@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from paddle_llm_engine import EngineConfig, LLMEngine
-from paddle_llm_engine import platforms
+from paddle_llm_engine.platforms import device as platforms
 from paddle_llm_engine.runner.cpu_runner import CPUModelRunner
 from paddle_llm_triton.config_params import engine_config_from_triton
 from tiny_model import HEAD_DIM, KV_HEADS, LAYERS
@@ -103,16 +103,18 @@ def test_proc_meminfo_used_without_psutil(monkeypatch):
 
 
 def test_gcu_memory_from_paddle_device_api(monkeypatch):
+    """Total memory from the plug-in through core.get_device_properties(type, id) (the public
+    paddle.device.get_device_properties refuses custom devices), minus what Paddle reserved."""
     import paddle
 
     class Props:
         total_memory = 32 * 2**30
 
     calls = []
-    monkeypatch.setattr(paddle.device, "get_device_properties", lambda d: calls.append(d) or Props(), raising=False)
+    monkeypatch.setattr(paddle.base.core, "get_device_properties", lambda t, i: calls.append((t, i)) or Props())
     monkeypatch.setattr(paddle.device, "memory_reserved", lambda d: 3 * 2**30, raising=False)
     assert platforms.gcu_available_memory("gcu:1") == 29 * 2**30
-    assert calls == ["gcu:1"]
+    assert calls == [("gcu", 1)]
 
 
 def test_gcu_memory_api_absent_gives_none(monkeypatch, caplog):
@@ -122,7 +124,7 @@ def test_gcu_memory_api_absent_gives_none(monkeypatch, caplog):
     class Props:
         total_memory = 0
 
-    monkeypatch.setattr(paddle.device, "get_device_properties", lambda d: Props(), raising=False)
+    monkeypatch.setattr(paddle.base.core, "get_device_properties", lambda t, i: Props())
     with caplog.at_level(logging.WARNING):
         assert platforms.gcu_available_memory("gcu:0") is None  # memory_reserved: not on CPU paddle
     monkeypatch.setattr(paddle.device, "memory_reserved", lambda d: 0, raising=False)

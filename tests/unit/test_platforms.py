@@ -9,7 +9,7 @@ import importlib.metadata as md
 import pytest
 
 from paddle_llm_engine import EngineConfig, LLMEngine
-from paddle_llm_engine import platforms
+from paddle_llm_engine.platforms import device as platforms
 from paddle_llm_engine.platforms import PlatformError, check_gcu_versions, resolve_device
 
 

@@ -1,10 +1,11 @@
-"""Llama-architecture decoder (Touvron et al. 2023) in Paddle fp32, over a paged KV cache; the base
-of every supported family (see arch.py for the switches Qwen2, Qwen3 and ERNIE 4.5 set).
+"""Llama-architecture decoder (Touvron et al. 2023) in Paddle, over a paged KV cache; the base of
+every supported family (see arch.py for the switches Qwen2, Qwen3 and ERNIE 4.5 set).
 
 Matches HF transformers' LlamaForCausalLM: RMSNorm pre-norm blocks, rotary embeddings (rotate-half
 form), grouped-query attention, SwiGLU MLP, optional tied embeddings, optional attention / MLP
 biases. q/k/v are fused into one matmul and gate/up into another; the attention reads and writes
-the cache through `paddle_llm_ops`.
+the cache through the engine's OpSet (the kernels the platform layer chose for the place). Weights
+and activations are in the engine's compute dtype (float32 on CPU); logits are returned in fp32.
 """
 
 from __future__ import annotations
@@ -19,14 +20,16 @@ from paddle_llm_engine.config import ModelConfig
 from paddle_llm_engine.models.arch import DecoderArch
 from paddle_llm_engine.models.attention_metadata import AttentionMetadata
 from paddle_llm_engine.models.weights import CheckpointReader
-from paddle_llm_ops import (RotaryTable, apply_rotary, decode_attention, interleaved_to_half_order,
-                            prefill_attention, rms_norm, write_kv)
+from paddle_llm_ops import COMPOSED, OpSet, RotaryTable, apply_rotary, interleaved_to_half_order
 
 
-def _t(a: np.ndarray | None) -> paddle.Tensor | None:
+def _tensor(a: np.ndarray | None, dtype: str) -> paddle.Tensor | None:
+    """An fp32 numpy weight as a constant tensor of the compute dtype on the current device."""
     if a is None:
         return None
     t = paddle.to_tensor(a)
+    if dtype != "float32":
+        t = t.astype(dtype)
     t.stop_gradient = True
     return t
 
@@ -36,7 +39,10 @@ class LlamaLayer:
     biases (None when the arch has none) qkv [(nh+2kvh)*d], o [H], gate_up [2I], down [H];
     q_norm / k_norm [d] (qk_norm only)."""
 
-    def __init__(self, r: CheckpointReader, i: int, cfg: ModelConfig, arch: DecoderArch):
+    def __init__(self, r: CheckpointReader, i: int, cfg: ModelConfig, arch: DecoderArch, dtype: str = "float32"):
+        def _t(a):
+            return _tensor(a, dtype)
+
         p = f"model.layers.{i}."
         a = p + "self_attn."
         d = cfg.head_dim
@@ -78,6 +84,8 @@ class LlamaForCausalLM:
     """forward(input_ids [T] int64, positions [T] int64, meta, kv_caches) -> hidden [T, H] fp32;
     compute_logits(hidden [B, H]) -> [B, V] fp32.
 
+    ops: the kernels to call (paddle_llm_ops.OpSet, chosen by the platform layer); dtype: the compute
+    dtype of weights and activations ("float32", "bfloat16", "float16").
     Subclasses (other families) override `arch_for` only."""
 
     @staticmethod
@@ -85,10 +93,12 @@ class LlamaForCausalLM:
         """Llama: attention_bias puts biases on q/k/v/o, mlp_bias on gate/up/down."""
         return DecoderArch(qkv_bias=cfg.attention_bias, o_bias=cfg.attention_bias, mlp_bias=cfg.mlp_bias)
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, ops: OpSet = COMPOSED, dtype: str = "float32"):
         if cfg.hidden_act != "silu":
             raise ValueError(f"hidden_act {cfg.hidden_act!r} is not supported (supported: silu)")
         self.cfg = cfg
+        self.ops = ops
+        self.dtype = dtype
         self.arch = self.arch_for(cfg)
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
@@ -103,9 +113,13 @@ class LlamaForCausalLM:
         checkpoint holds tensors this configuration does not use (e.g. biases the config omits)."""
         r = CheckpointReader(model_dir)
         cfg = self.cfg
+
+        def _t(a):
+            return _tensor(a, self.dtype)
+
         self.embed = _t(r.get("model.embed_tokens.weight"))  # [V, H]
         self.norm = _t(r.get("model.norm.weight"))
-        self.layers = [LlamaLayer(r, i, cfg, self.arch) for i in range(cfg.num_hidden_layers)]
+        self.layers = [LlamaLayer(r, i, cfg, self.arch, self.dtype) for i in range(cfg.num_hidden_layers)]
         # Tied: the logits are h @ embed^T, read from the embedding itself (no second copy).
         self.tied = cfg.tie_word_embeddings
         self.lm_head = self.embed if self.tied else _t(r.get("lm_head.weight"))  # [V, H] either way
@@ -119,10 +133,14 @@ class LlamaForCausalLM:
     def forward(self, input_ids: paddle.Tensor, positions: paddle.Tensor, meta: AttentionMetadata,
                 kv_caches: list[tuple[paddle.Tensor, paddle.Tensor]]) -> paddle.Tensor:
         eps = self.cfg.rms_norm_eps
+        ops = self.ops
+        rms_norm = ops.rms_norm
         nh, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
         t = input_ids.shape[0]
         h = paddle.index_select(self.embed, input_ids, axis=0)  # [T, H]
         cos, sin = self.rotary.lookup(positions)
+        if self.dtype != "float32":
+            cos, sin = cos.astype(self.dtype), sin.astype(self.dtype)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             x = rms_norm(h, layer.in_norm, eps)
             q, k, v = paddle.split(_linear(x, layer.qkv, layer.qkv_bias), [nh * d, kvh * d, kvh * d], axis=-1)
@@ -132,7 +150,7 @@ class LlamaForCausalLM:
             q = apply_rotary(q.reshape([t, nh, d]), cos, sin)
             k = apply_rotary(k.reshape([t, kvh, d]), cos, sin)
             v = v.reshape([t, kvh, d])
-            write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+            ops.write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
             attn = self._attention(q, k_cache, v_cache, meta)
             h = h + _linear(attn, layer.o, layer.o_bias)
             x = rms_norm(h, layer.post_norm, eps)
@@ -143,12 +161,14 @@ class LlamaForCausalLM:
         parts = []
         nd = meta.num_decodes
         if nd:
-            parts.append(decode_attention(q[:nd], k_cache, v_cache, meta.decode_slots, meta.decode_mask,
+            parts.append(self.ops.decode_attention(q[:nd], k_cache, v_cache, meta.decode_slots, meta.decode_mask,
                                           self.scale))
         for c in meta.prefills:
-            parts.append(prefill_attention(q[c.token_start:c.token_start + c.num_tokens], k_cache, v_cache,
+            parts.append(self.ops.prefill_attention(q[c.token_start:c.token_start + c.num_tokens], k_cache, v_cache,
                                            c.context_slots, c.start_pos, self.scale))
         return parts[0] if len(parts) == 1 else paddle.concat(parts, axis=0)
 
     def compute_logits(self, hidden: paddle.Tensor) -> paddle.Tensor:
-        return paddle.matmul(hidden, self.lm_head, transpose_y=True)
+        """hidden [B, H] -> logits [B, V] fp32."""
+        logits = paddle.matmul(hidden, self.lm_head, transpose_y=True)
+        return logits if logits.dtype == paddle.float32 else logits.astype("float32")

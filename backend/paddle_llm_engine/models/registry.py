@@ -15,12 +15,15 @@ SUPPORTED_MODEL_TYPES: dict[str, tuple[str, str]] = {
 }
 
 
-def build_model(cfg: ModelConfig):
-    """The model object for `cfg` (weights not loaded yet). Raises ValueError for an unknown
-    model_type or an option of a known one that is not supported (naming it)."""
+def build_model(cfg: ModelConfig, ops=None, dtype: str = "float32"):
+    """The model object for `cfg` (weights not loaded yet), calling the kernels of `ops`
+    (paddle_llm_ops.OpSet; None: the composed ops) in compute dtype `dtype`. Raises ValueError for
+    an unknown model_type or an option of a known one that is not supported (naming it)."""
     entry = SUPPORTED_MODEL_TYPES.get(cfg.model_type)
     if entry is None:
         raise ValueError(f"model_type {cfg.model_type!r} is not supported (supported: {sorted(SUPPORTED_MODEL_TYPES)})")
     module, name = entry
     cls = getattr(importlib.import_module(f"paddle_llm_engine.models.{module}"), name)
-    return cls(cfg)
+    if ops is None:
+        from paddle_llm_ops import COMPOSED as ops
+    return cls(cfg, ops, dtype)

@@ -16,9 +16,10 @@ import paddle
 from paddle_llm_engine.config import EngineConfig, ModelConfig
 from paddle_llm_engine.models import build_model
 from paddle_llm_engine.models.attention_metadata import AttentionMetadata, PrefillChunk
+from paddle_llm_engine.platforms import plan_for_device
 from paddle_llm_engine.sampler import sample
 from paddle_llm_engine.scheduler import ScheduledSeq
-from paddle_llm_ops import gather_last_tokens
+from paddle_llm_ops import build_opset, gather_last_tokens
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +31,17 @@ class StepResult:
     logits: np.ndarray | None = None  # [len(sampled), V] fp32 when requested (tests, logprobs)
 
 
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
 class ModelRunnerBase:
-    """Device-independent runner. Subclasses set the place and may swap in fused ops."""
+    """Device-independent runner. Subclasses set the place up (setup_device) and say how much memory
+    it has left (available_memory_bytes); the platform layer's plan (self.plan) fixes the compute
+    dtype, the KV-cache dtype and the kernels (self.ops) for the place.
+
+    Raises PlatformError for a dtype / kernel the place cannot run, ValueError for a KV cache that
+    cannot hold one sequence, RuntimeError naming the KV settings when the device cannot allocate
+    the cache."""
 
     def __init__(self, engine_config: EngineConfig, model_config: ModelConfig, device: str):
         self.config = engine_config
@@ -39,7 +49,12 @@ class ModelRunnerBase:
         self.device = device
         self.block_size = engine_config.block_size
         self.setup_device()
-        self.model = build_model(model_config)
+        self.plan = plan_for_device(device, engine_config.dtype, engine_config.kv_cache_dtype,
+                                    engine_config.kernels)
+        gather = self.plan.kv_gather_dtype if self.plan.kv_gather_dtype != self.plan.kv_cache_dtype else None
+        self.ops = build_opset(fused_rms_norm=self.plan.kernels.get("fused_rms_norm", False),
+                               kv_gather_dtype=gather)
+        self.model = build_model(model_config, self.ops, self.plan.dtype)
         self.model.load_weights(engine_config.model_dir)
         self.num_kv_blocks = self._num_kv_blocks()
         self.kv_caches = self._allocate_kv_cache(self.num_kv_blocks)
@@ -73,8 +88,10 @@ class ModelRunnerBase:
 
     # -- KV cache --------------------------------------------------------------------------------
     def kv_bytes_per_block(self) -> int:
+        """Bytes of K and V of all layers for one block, in the plan's kv_cache_dtype."""
         m = self.model_config
-        return 2 * m.num_hidden_layers * self.block_size * m.num_key_value_heads * m.head_dim * 4
+        return (2 * m.num_hidden_layers * self.block_size * m.num_key_value_heads * m.head_dim
+                * _DTYPE_BYTES[self.plan.kv_cache_dtype])
 
     def _num_kv_blocks(self) -> int:
         """Explicit num_kv_blocks, else the memory budget (kv_budget) / bytes per block."""
@@ -90,15 +107,32 @@ class ModelRunnerBase:
                 f"of max_model_len {self.config.max_model_len}: raise num_kv_blocks / kv_cache_memory_fraction / "
                 f"kv_cache_memory_bytes or lower max_model_len"
             )
-        log.info("KV cache: %d blocks x %d tokens = %d tokens max in flight, %.1f MiB (from %s)", n,
-                 self.block_size, n * self.block_size, n * self.kv_bytes_per_block() / 2**20, source)
+        log.info("KV cache: %d blocks x %d tokens = %d tokens max in flight, %.1f MiB of %s (from %s)", n,
+                 self.block_size, n * self.block_size, n * self.kv_bytes_per_block() / 2**20,
+                 self.plan.kv_cache_dtype, source)
         return n
 
     def _allocate_kv_cache(self, num_blocks: int):
         m = self.model_config
         shape = [m.num_key_value_heads, num_blocks * self.block_size, m.head_dim]
-        return [(paddle.zeros(shape, dtype="float32"), paddle.zeros(shape, dtype="float32"))
-                for _ in range(m.num_hidden_layers)]
+        dtype = self.plan.kv_cache_dtype
+        caches = []
+        try:
+            for _ in range(m.num_hidden_layers):
+                caches.append((paddle.zeros(shape, dtype=dtype), paddle.zeros(shape, dtype=dtype)))
+        except (MemoryError, OSError, RuntimeError) as e:
+            # A custom device reports exhaustion as OSError "(External) CustomDevice error", the CPU
+            # as MemoryError / ResourceExhausted: either way the KV settings are what to change.
+            size = num_blocks * self.kv_bytes_per_block() / 2**20
+            done = len(caches)
+            caches.clear()
+            raise RuntimeError(
+                f"out of memory on {self.device} allocating the KV cache: {num_blocks} blocks x {self.block_size} "
+                f"tokens = {size:.0f} MiB of {dtype} (failed after {done} of {m.num_hidden_layers} layers); lower "
+                f"num_kv_blocks, kv_cache_memory_fraction or kv_cache_memory_bytes "
+                f"(or use kv_cache_dtype bfloat16 to halve it) [{type(e).__name__}: {str(e).splitlines()[0][:200]}]"
+            ) from None
+        return caches
 
     # -- one step --------------------------------------------------------------------------------
     def _slots(self, block_table: list[int], start: int, end: int) -> np.ndarray:

@@ -1,4 +1,5 @@
-"""Which device this process runs on, and the supported Paddle / GCU plug-in versions.
+"""Which device this process runs on, the supported Paddle / GCU plug-in versions, and how much
+memory a device has left for the KV cache.
 
 A GCU host is one where the `paddle-custom-gcu` plug-in registered the custom device type "gcu".
 """
@@ -11,7 +12,7 @@ import logging
 log = logging.getLogger(__name__)
 
 # paddle-custom-gcu releases are built against one Paddle release; a mismatch fails deep inside
-# the plug-in's kernels, so start-up refuses it with one message (case C8).
+# the plug-in's kernels, so start-up refuses it with one message naming both versions.
 SUPPORTED_GCU_MATRIX = {
     # paddle version prefix -> accepted paddle-custom-gcu version prefixes
     "3.3": ("3.3",),
@@ -130,14 +131,16 @@ def host_available_memory() -> int | None:
 
 def gcu_available_memory(device: str) -> int | None:
     """Bytes of device memory not yet held by Paddle's allocator on `device` ("gcu:<id>"): the
-    device's total memory (paddle.device.get_device_properties, from the plug-in) minus
-    paddle.device.memory_reserved (the weights and anything else allocated so far). Memory used by
-    other processes on the same device is not seen. None, with the reason logged, when the
-    plug-in or this Paddle does not expose these (the caller then falls back to a fixed budget)."""
+    device's total memory as the plug-in reports it (`paddle.base.core.get_device_properties(type,
+    id)`; `paddle.device.get_device_properties` refuses custom devices) minus
+    `paddle.device.memory_reserved` (the weights and anything else allocated so far). Memory used by
+    other processes on the same device is not seen. None, with the reason logged, when the plug-in
+    or this Paddle does not expose these (the caller then falls back to a fixed budget)."""
     import paddle
 
+    dev_type, _, dev_id = device.partition(":")
     try:
-        total = int(paddle.device.get_device_properties(device).total_memory)
+        total = int(paddle.base.core.get_device_properties(dev_type, int(dev_id or 0)).total_memory)
         reserved = int(paddle.device.memory_reserved(device))
     except Exception as e:  # API absent in this Paddle, or not implemented by the plug-in
         log.warning("cannot read the memory of %s from paddle (%s: %s)", device, type(e).__name__, e)
@@ -146,3 +149,22 @@ def gcu_available_memory(device: str) -> int | None:
         log.warning("the plug-in reports %d bytes of total memory for %s", total, device)
         return None
     return max(0, total - reserved)
+
+
+def gcu_plugin_description() -> str:
+    """One line naming the plug-in behind the "gcu" device type, for the start-up log: its
+    distribution version and, from module `paddle_custom_device.gcu`, its TopsRider version and
+    commit. A test stand-in (module attribute STANDIN true) is named as such, so that a log can never
+    pass it off as an Enflame GCU."""
+    version = _version("paddle-custom-gcu") or "unknown version"
+    try:
+        import paddle_custom_device.gcu as mod  # shipped by paddle-custom-gcu
+    except Exception:
+        mod = None
+    if mod is not None and getattr(mod, "STANDIN", False):
+        return (f"paddle-custom-gcu {version}: TEST STAND-IN plug-in backed by host memory, "
+                f"not an Enflame GCU")
+    tops = getattr(mod, "tops_version", None) if mod is not None else None
+    commit = getattr(mod, "git_commit_id", None) if mod is not None else None
+    extra = ", ".join(x for x in (tops and f"TopsRider {tops}", commit and f"commit {commit}") if x)
+    return f"paddle-custom-gcu {version}" + (f" ({extra})" if extra else "")

@@ -1,0 +1,271 @@
+"""The platform layer's decisions for one engine: what this place can run, decided once at start.
+
+`decide()` is a pure function of the facts about a place (CPU flags, Paddle's kernel registry,
+whether Paddle falls back to CPU kernels on a custom device) and of the operator's settings, so the
+logic is tested for hosts we do not have. `plan_for_device()` gathers the facts of this process and
+calls it. Nothing here catches an op's failure to find out whether it works; a kernel that could
+kill the process is run once in a child process (child_check.py) before the engine uses it.
+
+Decided here:
+- dtype (weights and activations): "auto" is the fastest dtype the place has kernels for
+  (bfloat16, then float16, then float32); an explicit dtype the place lacks kernels for is refused.
+- kv_cache_dtype: "auto" follows dtype; a narrower one is storage only (cast on write and read).
+- optional kernels ("fused_rms_norm"): on where the place can run them, unless the operator forces
+  the composed path (`kernels: composed`) or names the kernels to use.
+- Paddle flags the place needs (FLAGS_use_stride_kernel off where the device has no `contiguous`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Callable
+
+from paddle_llm_engine.platforms.child_check import ChildVerdict
+from paddle_llm_engine.platforms.cpu_features import CpuInfo
+from paddle_llm_engine.platforms.device import PlatformError
+from paddle_llm_engine.platforms.kernel_registry import KernelRegistry
+
+log = logging.getLogger(__name__)
+
+DTYPES = ("float32", "bfloat16", "float16")
+DTYPE_CHOICES = ("auto",) + DTYPES
+# The fastest first: what "auto" tries.
+_AUTO_ORDER = ("bfloat16", "float16", "float32")
+# Ops the model's forward runs in the compute dtype (composed path).
+COMPUTE_OPS = ("matmul", "softmax", "swiglu", "index_select", "add", "multiply", "rsqrt", "mean", "concat",
+               "split", "transpose", "cast")
+# Ops a KV cache of a given dtype needs: writes cast and scatter, reads gather (possibly through a
+# same-width view, see _gather_dtype) and cast.
+KV_WRITE_OPS = ("cast", "index_put")
+_SAME_WIDTH = {"float16": ("bfloat16",), "bfloat16": ("float16",), "float32": ()}
+OPTIONAL_KERNELS = ("fused_rms_norm",)
+# Paddle 3.3's CPU fused_rms_norm (phi::fusion::RmsNormAvxKernel) executes AVX-512 instructions
+# whatever the CPU: on an AVX2-only host the process dies with SIGILL.
+FUSED_RMS_NORM_CPU_FLAGS = ("avx512f",)
+
+
+@dataclass(frozen=True)
+class PlaceFacts:
+    """What is known about one place. device: "cpu" or "gcu:<id>"; cpu: the host CPU;
+    registry: Paddle's registered kernels; kernel_fallback: Paddle runs an op that has no kernel for
+    a custom device through its CPU kernel (FLAGS_enable_api_kernel_fallback); paddle_version: for
+    the child-check cache; device_description: one line naming the device (the plug-in for a GCU)."""
+
+    device: str
+    cpu: CpuInfo
+    registry: KernelRegistry
+    kernel_fallback: bool = True
+    paddle_version: str = ""
+    device_description: str = ""
+
+
+@dataclass
+class PlatformPlan:
+    """The decisions for one engine. dtype / kv_cache_dtype: Paddle dtype names; kv_gather_dtype:
+    the dtype the cache is viewed as for gathers (same width as kv_cache_dtype; differs when the
+    place has no gather kernel for the cache's own dtype); kernels: optional kernel name -> on;
+    flags: Paddle flags to set before the model is built; decisions: one log line per decision,
+    each with its reason."""
+
+    device: str
+    dtype: str
+    kv_cache_dtype: str
+    kv_gather_dtype: str
+    kernels: dict[str, bool] = field(default_factory=dict)
+    flags: dict[str, object] = field(default_factory=dict)
+    decisions: list[str] = field(default_factory=list)
+
+    def log(self, logger: logging.Logger = log) -> None:
+        for line in self.decisions:
+            logger.info("platform %s: %s", self.device, line)
+
+
+def parse_kernels_setting(value: str) -> tuple[str, tuple[str, ...]]:
+    """`kernels` setting -> ("auto", ()), ("composed", ()) or ("list", names).
+
+    "auto" (or empty): each optional kernel on where the place can run it; "composed": none, the
+    plain Paddle ops only; "a;b": exactly these kernels, each must be runnable here.
+    Raises ValueError naming an unknown kernel."""
+    v = (value or "auto").strip().lower()
+    if v in ("auto", "composed"):
+        return v, ()
+    names = tuple(n.strip() for n in v.replace(",", ";").split(";") if n.strip())
+    unknown = [n for n in names if n not in OPTIONAL_KERNELS]
+    if unknown or not names:
+        raise ValueError(f"kernels must be 'auto', 'composed' or a ';'-separated list of "
+                         f"{', '.join(OPTIONAL_KERNELS)}; got {value!r}")
+    return "list", names
+
+
+def _is_custom(device: str) -> bool:
+    return device != "cpu"
+
+
+def _usable(facts: PlaceFacts, ops, dtype: str) -> tuple[bool, list[str]]:
+    """(every op runs in dtype on the place, the ops that only run through the CPU fallback)."""
+    native_missing = facts.registry.missing(ops, facts.device, dtype)
+    if not native_missing:
+        return True, []
+    if _is_custom(facts.device) and facts.kernel_fallback:
+        cpu_missing = facts.registry.missing(native_missing, "cpu", dtype)
+        return not cpu_missing, native_missing
+    return False, native_missing
+
+
+def _decide_dtype(facts: PlaceFacts, requested: str, out: list[str]) -> str:
+    place = "the CPU" if facts.device == "cpu" else f"{facts.device}"
+    if requested != "auto":
+        ok, _ = _usable(facts, COMPUTE_OPS, requested)
+        if not ok:
+            lacking = facts.registry.missing(COMPUTE_OPS, facts.device, requested)
+            raise PlatformError(
+                f"dtype {requested} is not supported on {facts.device}: Paddle has no {requested} kernel on "
+                f"{place} for {', '.join(lacking)}; set dtype to auto or float32")
+        out.append(f"dtype {requested}: set by the operator")
+        return requested
+    skipped = []
+    for dt in _AUTO_ORDER:
+        native = not facts.registry.missing(COMPUTE_OPS, facts.device, dt)
+        if native:
+            why = f"the fastest dtype with {place} kernels for every op of the model"
+            if skipped:
+                why += f" ({'; '.join(skipped)})"
+            out.append(f"dtype {dt} (auto): {why}")
+            return dt
+        lacking = facts.registry.missing(COMPUTE_OPS, facts.device, dt)
+        skipped.append(f"no {dt}: {place} lacks {', '.join(lacking[:4])}{' ...' if len(lacking) > 4 else ''}")
+    ok, fallback = _usable(facts, COMPUTE_OPS, "float32")
+    if not ok:
+        raise PlatformError(f"{facts.device} has no float32 kernels for {', '.join(fallback)}, not even through "
+                            f"Paddle's CPU fallback")
+    out.append(f"dtype float32 (auto): {'; '.join(skipped[:-1]) or 'no faster dtype'}; float32 runs "
+               f"{len(fallback)} of {len(COMPUTE_OPS)} ops through Paddle's CPU kernel fallback")
+    return "float32"
+
+
+def _gather_dtype(facts: PlaceFacts, kv_dtype: str) -> str | None:
+    for dt in (kv_dtype,) + _SAME_WIDTH[kv_dtype]:
+        if _usable(facts, ("index_select",), dt)[0]:
+            return dt
+    return None
+
+
+def _decide_kv(facts: PlaceFacts, requested: str, dtype: str, out: list[str]) -> tuple[str, str]:
+    kv = dtype if requested == "auto" else requested
+    ok, _ = _usable(facts, KV_WRITE_OPS, kv)
+    gather = _gather_dtype(facts, kv)
+    if not ok or gather is None:
+        lacking = facts.registry.missing(KV_WRITE_OPS + ("index_select",), facts.device, kv)
+        raise PlatformError(f"kv_cache_dtype {kv} is not supported on {facts.device}: no {kv} kernel for "
+                            f"{', '.join(lacking)}; set kv_cache_dtype to auto or float32")
+    how = "follows dtype" if requested == "auto" else "set by the operator"
+    if kv != dtype:
+        how += f"; stored as {kv}, cast to {dtype} when read (half the KV memory of float32)" \
+            if kv != "float32" else f"; stored as float32, cast to {dtype} when read"
+    if gather != kv:
+        how += f"; gathered through a bit-identical {gather} view (no {kv} index_select kernel)"
+    out.append(f"kv_cache_dtype {kv}: {how}")
+    return kv, gather
+
+
+def _fused_rms_norm(facts: PlaceFacts, dtype: str, verify: Callable[[str], ChildVerdict]) -> tuple[bool, str]:
+    """(can run, reason) for Paddle's fused RMSNorm kernel (registered as fused_rms_norm_quant)."""
+    if facts.device == "cpu":
+        missing = facts.cpu.missing(*FUSED_RMS_NORM_CPU_FLAGS)
+        if missing:
+            return False, f"CPU lacks {', '.join(missing)} (Paddle's CPU kernel runs AVX-512 unconditionally)"
+        if not facts.registry.has("fused_rms_norm_quant", "cpu", dtype):
+            return False, f"Paddle has no CPU fused_rms_norm_quant kernel for {dtype}"
+        verdict = verify("fused_rms_norm_cpu")
+        if not verdict.ok:
+            return False, f"verification in a child process failed: {verdict.detail}"
+        return True, (f"CPU has {', '.join(FUSED_RMS_NORM_CPU_FLAGS)}; verified in a child process"
+                      f"{' (cached verdict)' if verdict.cached else ''}: {verdict.detail}")
+    if facts.registry.has("fused_rms_norm_quant", facts.device, dtype):
+        return True, f"the {facts.device.split(':')[0]} plug-in registers fused_rms_norm_quant for {dtype}"
+    return False, f"the {facts.device.split(':')[0]} plug-in registers no fused_rms_norm_quant kernel for {dtype}"
+
+
+def decide(facts: PlaceFacts, dtype: str = "auto", kv_cache_dtype: str = "auto", kernels: str = "auto",
+           verify: Callable[[str], ChildVerdict] | None = None) -> PlatformPlan:
+    """The PlatformPlan for a place. verify(check name) runs a risky kernel's check in a child
+    process (child_check.verify_in_child); tests pass their own.
+
+    Raises PlatformError for a dtype, kv_cache_dtype or forced kernel the place cannot run, and
+    ValueError for a malformed setting (naming it)."""
+    for name, value in (("dtype", dtype), ("kv_cache_dtype", kv_cache_dtype)):
+        if value not in DTYPE_CHOICES:
+            raise ValueError(f"{name} must be one of {', '.join(DTYPE_CHOICES)}; got {value!r}")
+    mode, forced = parse_kernels_setting(kernels)
+    if verify is None:
+        def verify(name):
+            return ChildVerdict(False, "no verifier given")
+    decisions: list[str] = []
+    if facts.device_description:
+        decisions.append(f"device: {facts.device_description}")
+    if facts.device == "cpu":
+        decisions.append(f"CPU {facts.cpu.model or 'unknown model'}: "
+                         f"{'avx512f' if facts.cpu.has('avx512f') else 'no avx512f'}, "
+                         f"{'avx2+fma' if facts.cpu.has('avx2', 'fma') else 'no avx2+fma'}")
+    flags: dict[str, object] = {}
+    if _is_custom(facts.device) and not facts.registry.has("contiguous", facts.device, "float32"):
+        flags["FLAGS_use_stride_kernel"] = False
+        decisions.append("FLAGS_use_stride_kernel off: the device has no 'contiguous' kernel, which strided "
+                         "views would need")
+    dt = _decide_dtype(facts, dtype, decisions)
+    kv, gather = _decide_kv(facts, kv_cache_dtype, dt, decisions)
+    chosen: dict[str, bool] = {}
+    deciders = {"fused_rms_norm": lambda: _fused_rms_norm(facts, dt, verify)}
+    for name in OPTIONAL_KERNELS:
+        if mode == "composed":
+            chosen[name] = False
+            decisions.append(f"{name}: off, kernels set to composed by the operator")
+            continue
+        if mode == "list" and name not in forced:
+            chosen[name] = False
+            decisions.append(f"{name}: off, not in the operator's kernels list")
+            continue
+        ok, reason = deciders[name]()
+        if mode == "list" and not ok:
+            raise PlatformError(f"kernels lists {name}, which {facts.device} cannot run: {reason}")
+        chosen[name] = ok
+        decisions.append(f"{name}: {'on' if ok else 'off'}, {reason}")
+    return PlatformPlan(device=facts.device, dtype=dt, kv_cache_dtype=kv, kv_gather_dtype=gather,
+                        kernels=chosen, flags=flags, decisions=decisions)
+
+
+def gather_facts(device: str) -> PlaceFacts:
+    """The facts of this process for `device` ("cpu" or "gcu:<id>")."""
+    import paddle
+
+    from paddle_llm_engine.platforms.cpu_features import host_cpu
+    from paddle_llm_engine.platforms.device import gcu_plugin_description
+
+    try:
+        fallback = bool(paddle.get_flags(["FLAGS_enable_api_kernel_fallback"])["FLAGS_enable_api_kernel_fallback"])
+    except Exception:  # flag unknown to this Paddle: assume its documented default (on)
+        fallback = True
+    description = "" if device == "cpu" else f"{device} through {gcu_plugin_description()}"
+    return PlaceFacts(device=device, cpu=host_cpu(), registry=KernelRegistry(), kernel_fallback=fallback,
+                      paddle_version=paddle.__version__, device_description=description)
+
+
+def plan_for_device(device: str, dtype: str = "auto", kv_cache_dtype: str = "auto",
+                    kernels: str = "auto") -> PlatformPlan:
+    """Decide for `device` in this process, log every decision, apply the plan's Paddle flags.
+    Raises as decide()."""
+    import paddle
+
+    from paddle_llm_engine.platforms.child_check import verify_in_child
+
+    facts = gather_facts(device)
+
+    def verify(name: str) -> ChildVerdict:
+        return verify_in_child(name, facts.paddle_version, facts.cpu.model, facts.cpu.flags)
+
+    plan = decide(facts, dtype, kv_cache_dtype, kernels, verify)
+    if plan.flags:
+        paddle.set_flags(plan.flags)
+    plan.log()
+    return plan

@@ -1,0 +1,250 @@
+"""The platform layer's decisions (platforms/plan.py) for hosts we have and hosts we do not:
+an AVX2-only CPU, an AVX-512 CPU, a GCU plug-in with bf16 kernels, and the test stand-in plug-in
+with no kernels of its own. The facts are given; nothing here needs those machines."""
+
+from __future__ import annotations
+
+import logging
+import signal
+
+import pytest
+
+from paddle_llm_engine import EngineConfig, LLMEngine
+from paddle_llm_engine.platforms import KernelRegistry, PlaceFacts, PlatformError, decide, parse_cpuinfo
+from paddle_llm_engine.platforms import child_check, cpu_features
+from paddle_llm_engine.platforms.child_check import ChildVerdict
+from paddle_llm_engine.platforms.plan import COMPUTE_OPS, KV_WRITE_OPS, plan_for_device
+
+# /proc/cpuinfo of the AVX2-only AMD EPYC (family 25) on which Paddle's fused RMSNorm died with SIGILL.
+EPYC_AVX2 = """processor	: 0
+vendor_id	: AuthenticAMD
+cpu family	: 25
+model name	: AMD EPYC 7B13
+flags		: fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat pse36 clflush mmx fxsr sse sse2 ht syscall nx mmxext fxsr_opt pdpe1gb rdtscp lm constant_tsc rep_good nopl nonstop_tsc cpuid extd_apicid tsc_known_freq pni pclmulqdq ssse3 fma cx16 pcid sse4_1 sse4_2 x2apic movbe popcnt aes xsave avx f16c rdrand hypervisor lahf_lm cmp_legacy cr8_legacy abm sse4a misalignsse 3dnowprefetch osvw topoext invpcid_single ssbd ibrs ibpb stibp vmmcall fsgsbase tsc_adjust bmi1 avx2 smep bmi2 erms invpcid rdseed adx smap clflushopt clwb sha_ni xsaveopt xsavec xgetbv1 xsaves clzero xsaveerptr rdpru wbnoinvd arat npt nrip_save umip vaes vpclmulqdq rdpid fsrm
+"""
+XEON_AVX512 = """processor	: 0
+model name	: Intel(R) Xeon(R) Processor
+flags		: fpu sse sse2 ssse3 fma sse4_1 sse4_2 avx f16c avx2 avx512f avx512dq avx512cd avx512bw avx512vl
+"""
+OLD_SSE_ONLY = """model name	: QEMU Virtual CPU
+flags		: fpu sse sse2 ssse3
+"""
+
+F32_CPU = [("CPU", "float32")]
+# A registry like Paddle 3.3.1's CPU wheel: fp32 everywhere, the 16-bit storage ops, no bf16 matmul.
+CPU_REGISTRY = {op: list(F32_CPU) for op in COMPUTE_OPS + KV_WRITE_OPS}
+CPU_REGISTRY["fused_rms_norm_quant"] = list(F32_CPU)
+for op in ("cast", "index_put"):
+    CPU_REGISTRY[op] += [("CPU", "bfloat16"), ("CPU", "float16")]
+CPU_REGISTRY["index_select"] += [("CPU", "bfloat16")]
+
+
+def facts(cpuinfo: str, device: str = "cpu", registry: dict | None = None, fallback: bool = True,
+          description: str = "") -> PlaceFacts:
+    return PlaceFacts(device=device, cpu=parse_cpuinfo(cpuinfo), registry=KernelRegistry(registry or CPU_REGISTRY),
+                      kernel_fallback=fallback, paddle_version="3.3.1", device_description=description)
+
+
+class Verifier:
+    """Records the checks asked for; answers with a fixed verdict."""
+
+    def __init__(self, verdict: ChildVerdict = ChildVerdict(True, "max difference 1e-06")):
+        self.verdict, self.calls = verdict, []
+
+    def __call__(self, name):
+        self.calls.append(name)
+        return self.verdict
+
+
+def test_parse_cpuinfo_reads_model_and_flags():
+    epyc = parse_cpuinfo(EPYC_AVX2)
+    assert epyc.model == "AMD EPYC 7B13"
+    assert epyc.has("avx2", "fma") and not epyc.has("avx512f")
+    assert epyc.missing("avx512f", "avx2", "avx512bw") == ["avx512f", "avx512bw"]
+    xeon = parse_cpuinfo(XEON_AVX512)
+    assert xeon.has("avx512f", "avx2", "fma")
+    assert parse_cpuinfo("").flags == frozenset()
+
+
+def test_avx2_only_cpu_never_runs_the_fused_rms_norm():
+    v = Verifier()
+    plan = decide(facts(EPYC_AVX2), verify=v)
+    assert plan.kernels == {"fused_rms_norm": False}
+    assert v.calls == []  # not even tried in a child: the flags already say no
+    assert "fused_rms_norm: off, CPU lacks avx512f" in "\n".join(plan.decisions)
+    assert (plan.dtype, plan.kv_cache_dtype) == ("float32", "float32")
+
+
+def test_avx512_cpu_uses_it_after_the_child_check():
+    v = Verifier()
+    plan = decide(facts(XEON_AVX512), verify=v)
+    assert plan.kernels == {"fused_rms_norm": True}
+    assert v.calls == ["fused_rms_norm_cpu"]
+    assert any(d.startswith("fused_rms_norm: on, CPU has avx512f; verified in a child process") for d in plan.decisions)
+
+
+def test_avx512_cpu_whose_child_check_dies_keeps_the_composed_path():
+    v = Verifier(ChildVerdict(False, "the check process died with SIGILL"))
+    plan = decide(facts(XEON_AVX512), verify=v)
+    assert plan.kernels == {"fused_rms_norm": False}
+    assert "fused_rms_norm: off, verification in a child process failed: the check process died with SIGILL" \
+        in plan.decisions
+
+
+def test_old_cpu_and_missing_kernel():
+    assert decide(facts(OLD_SSE_ONLY), verify=Verifier()).kernels == {"fused_rms_norm": False}
+    reg = {k: v for k, v in CPU_REGISTRY.items() if k != "fused_rms_norm_quant"}
+    plan = decide(facts(XEON_AVX512, registry=reg), verify=Verifier())
+    assert plan.kernels == {"fused_rms_norm": False}
+    assert "fused_rms_norm: off, Paddle has no CPU fused_rms_norm_quant kernel for float32" in plan.decisions
+
+
+def test_operator_forces_the_composed_path():
+    v = Verifier()
+    plan = decide(facts(XEON_AVX512), kernels="composed", verify=v)
+    assert plan.kernels == {"fused_rms_norm": False} and v.calls == []
+    assert "fused_rms_norm: off, kernels set to composed by the operator" in plan.decisions
+
+
+def test_forced_kernel_the_host_cannot_run_is_refused():
+    assert decide(facts(XEON_AVX512), kernels="fused_rms_norm", verify=Verifier()).kernels["fused_rms_norm"]
+    with pytest.raises(PlatformError) as ei:
+        decide(facts(EPYC_AVX2), kernels="fused_rms_norm", verify=Verifier())
+    assert str(ei.value) == ("kernels lists fused_rms_norm, which cpu cannot run: CPU lacks avx512f "
+                             "(Paddle's CPU kernel runs AVX-512 unconditionally)")
+
+
+@pytest.mark.parametrize("bad", ["fused_rms_norn", ";", "fast"])
+def test_unknown_kernel_names_are_refused(bad):
+    with pytest.raises(ValueError) as ei:
+        decide(facts(XEON_AVX512), kernels=bad, verify=Verifier())
+    assert "kernels must be 'auto', 'composed' or a ';'-separated list of fused_rms_norm" in str(ei.value)
+
+
+def test_cpu_dtypes():
+    plan = decide(facts(EPYC_AVX2), verify=Verifier())
+    assert plan.dtype == "float32"
+    assert plan.decisions[1].startswith("dtype float32 (auto): the fastest dtype with the CPU kernels for every op")
+    assert "no bfloat16: the CPU lacks matmul" in plan.decisions[1]
+    for dt in ("bfloat16", "float16"):
+        with pytest.raises(PlatformError) as ei:
+            decide(facts(EPYC_AVX2), dtype=dt, verify=Verifier())
+        assert f"dtype {dt} is not supported on cpu: Paddle has no {dt} kernel on the CPU for matmul" in str(ei.value)
+
+
+def test_cpu_kv_cache_dtypes_are_storage():
+    bf = decide(facts(EPYC_AVX2), kv_cache_dtype="bfloat16", verify=Verifier())
+    assert (bf.dtype, bf.kv_cache_dtype, bf.kv_gather_dtype) == ("float32", "bfloat16", "bfloat16")
+    fp = decide(facts(EPYC_AVX2), kv_cache_dtype="float16", verify=Verifier())
+    assert (fp.kv_cache_dtype, fp.kv_gather_dtype) == ("float16", "bfloat16")  # no fp16 index_select on CPU
+    assert "gathered through a bit-identical bfloat16 view" in fp.decisions[2]
+    reg = {**CPU_REGISTRY, "index_put": list(F32_CPU)}
+    with pytest.raises(PlatformError) as ei:
+        decide(facts(EPYC_AVX2, registry=reg), kv_cache_dtype="bfloat16", verify=Verifier())
+    assert "kv_cache_dtype bfloat16 is not supported on cpu: no bfloat16 kernel for index_put" in str(ei.value)
+
+
+@pytest.mark.parametrize("bad", ["fp32", "bf16", "int8", ""])
+def test_malformed_dtype_settings(bad):
+    with pytest.raises(ValueError, match="dtype must be one of auto, float32, bfloat16, float16"):
+        decide(facts(EPYC_AVX2), dtype=bad, verify=Verifier())
+
+
+def _gcu_registry(with_bf16: bool, with_fused: bool, with_contiguous: bool) -> dict:
+    reg = {k: list(v) for k, v in CPU_REGISTRY.items()}
+    if with_bf16:
+        for op in set(COMPUTE_OPS) | set(KV_WRITE_OPS):
+            reg[op] = reg.get(op, []) + [("gcu", "bfloat16"), ("gcu", "float16"), ("gcu", "float32")]
+    if with_fused:
+        reg["fused_rms_norm_quant"] += [("gcu", "bfloat16"), ("gcu", "float32")]
+    if with_contiguous:
+        reg["contiguous"] = [("gcu", "float32"), ("gcu", "bfloat16")]
+    return reg
+
+
+def test_gcu_plugin_with_bf16_kernels_serves_bf16():
+    f = facts(EPYC_AVX2, "gcu:1", _gcu_registry(True, True, True), description="gcu:1 through paddle-custom-gcu 3.3.0")
+    plan = decide(f, verify=Verifier())
+    assert (plan.dtype, plan.kv_cache_dtype) == ("bfloat16", "bfloat16")
+    assert plan.kernels == {"fused_rms_norm": True}  # the plug-in's kernel, whatever the host CPU lacks
+    assert plan.flags == {}
+    assert plan.decisions[0] == "device: gcu:1 through paddle-custom-gcu 3.3.0"
+    assert decide(f, dtype="float32", verify=Verifier()).dtype == "float32"
+
+
+def test_standin_plugin_without_kernels_gets_fp32_through_the_fallback():
+    f = facts(XEON_AVX512, "gcu:0", _gcu_registry(False, False, False),
+              description="gcu:0 through paddle-custom-gcu 3.3.1+standin: TEST STAND-IN")
+    v = Verifier()
+    plan = decide(f, verify=v)
+    assert plan.dtype == "float32"
+    assert plan.flags == {"FLAGS_use_stride_kernel": False}
+    assert plan.kernels == {"fused_rms_norm": False} and v.calls == []  # never the host's AVX-512 kernel
+    text = "\n".join(plan.decisions)
+    assert "TEST STAND-IN" in text
+    assert f"float32 runs {len(COMPUTE_OPS)} of {len(COMPUTE_OPS)} ops through Paddle's CPU kernel fallback" in text
+    assert "the gcu plug-in registers no fused_rms_norm_quant kernel" in text
+    with pytest.raises(PlatformError, match="dtype bfloat16 is not supported on gcu:0"):
+        decide(f, dtype="bfloat16", verify=v)
+    with pytest.raises(PlatformError, match="has no float32 kernels"):
+        decide(facts(XEON_AVX512, "gcu:0", _gcu_registry(False, False, False), fallback=False), verify=v)
+
+
+def test_this_host_plan_follows_its_cpu_flags(caplog):
+    cpu = cpu_features.host_cpu()
+    with caplog.at_level(logging.INFO, logger="paddle_llm_engine.platforms.plan"):
+        plan = plan_for_device("cpu")
+    assert plan.dtype == "float32"
+    if not cpu.has("avx512f"):
+        assert plan.kernels["fused_rms_norm"] is False
+        assert "fused_rms_norm: off, CPU lacks avx512f" in caplog.text
+    else:
+        assert plan.kernels["fused_rms_norm"] is True, caplog.text
+        assert "fused_rms_norm: on, CPU has avx512f" in caplog.text
+
+
+def test_child_check_catches_a_killing_kernel_and_caches(monkeypatch, tmp_path):
+    monkeypatch.setenv("PADDLE_LLM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setitem(child_check.CHECKS, "sigill", ("import os, signal; os.kill(os.getpid(), signal.SIGILL)", 0.0))
+    monkeypatch.setitem(child_check.CHECKS, "fine", ("print(0.5e-6)", 1e-5))
+    monkeypatch.setitem(child_check.CHECKS, "wrong", ("print(0.5)", 1e-5))
+    dead = child_check.verify_in_child("sigill", "3.3.1", "cpu", {"avx2"})
+    assert not dead.ok and dead.detail == f"the check process died with {signal.SIGILL.name}" and not dead.cached
+    assert child_check.verify_in_child("sigill", "3.3.1", "cpu", {"avx2"}) == ChildVerdict(False, dead.detail, True)
+    assert child_check.verify_in_child("fine", "3.3.1", "cpu", {"avx2"}).ok
+    assert child_check.verify_in_child("wrong", "3.3.1", "cpu", {"avx2"}).detail.startswith(
+        "the kernel differs from the composed ops by 0.5")
+    # another Paddle or another CPU is checked again
+    monkeypatch.setitem(child_check.CHECKS, "sigill", ("print(0)", 1e-5))
+    assert child_check.verify_in_child("sigill", "3.3.2", "cpu", {"avx2"}) == ChildVerdict(
+        True, "max difference to the composed ops 0", False)
+    assert not child_check.verify_in_child("sigill", "3.3.1", "cpu", {"avx2"}).ok  # cached for 3.3.1
+
+
+def test_engine_on_a_simulated_avx2_host_runs_composed_and_logs_why(tiny_model_dir, monkeypatch, caplog):
+    """The engine with this host's flags replaced by the EPYC's: the composed RMSNorm is chosen before any
+    op runs, and the greedy tokens equal those of an engine with the kernels this host can run."""
+    from paddle_llm_engine import SamplingParams
+
+    kw = dict(model_dir=tiny_model_dir, device="cpu", num_kv_blocks=16, block_size=16, max_model_len=128)
+    prompts = [[5, 6, 7, 8, 9], list(range(20, 61))]
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+
+    def run(engine):
+        for i, p in enumerate(prompts):
+            engine.add_request(f"r{i}", p, params)
+        toks = {}
+        while engine.has_unfinished_requests():
+            for o in engine.step():
+                toks.setdefault(o.request_id, []).extend(o.token_ids)
+        return toks
+
+    native = LLMEngine(EngineConfig(**kw))
+    monkeypatch.setattr(cpu_features, "host_cpu", lambda: parse_cpuinfo(EPYC_AVX2))
+    with caplog.at_level(logging.INFO, logger="paddle_llm_engine.platforms.plan"):
+        simulated = LLMEngine(EngineConfig(**kw))
+    assert "platform cpu: fused_rms_norm: off, CPU lacks avx512f" in caplog.text
+    assert dict(simulated.runner.ops.names)["rms_norm"] == "composed"
+    assert run(simulated) == run(native)
+    with pytest.raises(PlatformError, match="kernels lists fused_rms_norm, which cpu cannot run: CPU lacks avx512f"):
+        LLMEngine(EngineConfig(**kw, kernels="fused_rms_norm"))
