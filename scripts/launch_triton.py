@@ -79,9 +79,12 @@ def _prepend(path_list: str | None, first: str) -> str:
     return os.pathsep.join([first] + parts)
 
 
-def server_env(model_dir: str | os.PathLike | None, base: dict | None = None) -> dict:
+def server_env(model_dir: str | os.PathLike | None, base: dict | None = None,
+               python_bin: str | os.PathLike | None = None) -> dict:
+    """python_bin: the bin folder put first on PATH (the stub uses that venv's packages); default
+    this interpreter's venv (tests pass a throw-away venv layered on it)."""
     env = dict(os.environ if base is None else base)
-    env["PATH"] = _prepend(env.get("PATH"), str(venv_bin()))
+    env["PATH"] = _prepend(env.get("PATH"), str(python_bin or venv_bin()))
     env["LD_LIBRARY_PATH"] = _prepend(env.get("LD_LIBRARY_PATH"), python_libdir())
     env.pop("PYTHONHOME", None)
     if model_dir:
@@ -338,8 +341,9 @@ def server_command(model_repo, http_port, grpc_port, metrics_port, backend_dir=N
 
 def start_server(model_repo, http_port: int, grpc_port: int, metrics_port: int, model_dir=None,
                  log_path=None, backend_dir=None, extra_args=(), exit_timeout: int = 5,
-                 kill_after: float = 15.0, env: dict | None = None) -> TritonServer:
-    """Start tritonserver (not waiting for it). log_path None: output goes to this process's stdout."""
+                 kill_after: float = 15.0, env: dict | None = None, python_bin=None) -> TritonServer:
+    """Start tritonserver (not waiting for it). log_path None: output goes to this process's stdout.
+    env: the server's base environment (default os.environ); python_bin: see server_env."""
     backend_dir = Path(backend_dir or REPO_ROOT / "build" / "triton_backends")
     if not (backend_dir / "python" / STUB_NAME).is_file():
         raise FileNotFoundError(f"{backend_dir}/python/{STUB_NAME} missing (run scripts/setup.sh)")
@@ -352,7 +356,7 @@ def start_server(model_repo, http_port: int, grpc_port: int, metrics_port: int, 
         out = open(log_path, "wb")
     shm_before = _regions_now()
     try:
-        proc = subprocess.Popen(cmd, env=server_env(model_dir, env), stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(cmd, env=server_env(model_dir, env, python_bin), stdin=subprocess.DEVNULL,
                                 stdout=out, stderr=subprocess.STDOUT if out else None,
                                 preexec_fn=_set_parent_death_signal, close_fds=True)
     finally:
