@@ -38,15 +38,15 @@ def _collect(model, inputs, server):
 
 
 def test_streams_in_flight_get_a_clear_error_then_requests_fail_fast(server):
-    # 1. two streams in flight (one per entry point) when the engine fails
-    t0 = time.monotonic()
+    # 1. two streams in flight (one per entry point) when the engine fails. A hung stream is caught by
+    # events, not by a wall clock: each stream must end with the engine-failure error, after fewer
+    # responses than the steps that ran (a stream that ran on would end normally or hit the generous
+    # time-outs of GrpcStream / run_concurrently and fail with their own message).
     llm_r, ens_r = run_concurrently([
         lambda: _collect("llm", llm_inputs("Once upon a time", True, LONG), server),
         lambda: _collect("ensemble", ensemble_inputs("Tell me a story", max_tokens=300, min_tokens=300,
                                                      temperature=0.0, stream=True), server),
-    ], timeout=90)
-    elapsed = time.monotonic() - t0
-    assert elapsed < 30, f"streams took {elapsed:.1f} s to end: they hung instead of failing"
+    ], timeout=300)
     for name, r in (("llm", llm_r), ("ensemble", ens_r)):
         assert r.error is not None, f"{name}: no error after the engine failed ({len(r.responses)} responses)"
         msg = str(r.error)
@@ -64,7 +64,9 @@ def test_streams_in_flight_get_a_clear_error_then_requests_fail_fast(server):
         assert r.error is not None and not r.responses, f"{model} served after the engine failed"
         msg = str(r.error)
         assert "is not serving" in msg and "engine failed earlier" in msg and "fault injected" in msg, msg
-        assert took < 2.0, f"{model}: the error took {took:.2f} s"
+        # "At once": no engine step is waited for. The bound is generous for a busy shared host; a
+        # request queued behind the dead engine would wait for the stream's 60 s time-out instead.
+        assert took < 20.0, f"{model}: the error took {took:.2f} s"
     h = http_generate(server.http_base, "llm", {"text_input": "Hello", "sampling_parameters": '{"max_tokens": 4}'})
     assert h.status >= 400 and "engine failed earlier" in (h.error or ""), (h.status, h.body)  # 2.51 answers 400
 
