@@ -125,7 +125,13 @@ class LLMEngine:
             return []
         result = self.runner.execute(sched.scheduled, return_logits=return_logits)
         self.num_steps += 1
-        for s in sched.scheduled:
+        return self._update_from_output(sched.scheduled, result, return_logits)
+
+    def _update_from_output(self, scheduled, result, return_logits: bool) -> list[RequestOutput]:
+        """Apply one step's StepResult: the only place where sequence, block and scheduler state
+        change after a step (computed tokens, committed prefix blocks, new tokens and logprobs,
+        stop checks, finished sequences). Returns the outputs of the requests that advanced."""
+        for s in scheduled:
             s.seq.num_computed_tokens += s.num_new_tokens
             self.block_manager.commit_full_blocks(s.seq)
         outputs = []
@@ -135,6 +141,7 @@ class LLMEngine:
             if st is None:  # aborted between schedule and now
                 continue
             seq.append_token(token)
+            seq.record_logprob(*result.logprobs[row])
             st.unreported.append(token)
             reason = seq.check_stop(self.config.max_model_len)
             text, stopped = st.stops.push(st.detok.add([token]))

@@ -89,12 +89,14 @@ def token_logprobs(row: np.ndarray, token: int, top_n: int) -> tuple[float, list
     return float(x[token] - lse), top
 
 
-def sample(logits: np.ndarray, seqs: list[Sequence]) -> np.ndarray:
-    """logits: [B, V] float32 (row i belongs to seqs[i]). Returns [B] int64 token ids.
+def sample(logits: np.ndarray, seqs: list[Sequence]) -> tuple[np.ndarray, list[tuple[float, list[tuple[int, float]]]]]:
+    """logits: [B, V] float32 (row i belongs to seqs[i]; the sequences are only read).
 
-    Also records on each sequence the chosen token's logprob (raw model distribution) and, when
-    params.logprobs is set, the top alternatives (Sequence.record_logprob)."""
+    Returns (token ids [B] int64, logprobs): logprobs[i] is (the chosen token's logprob under the raw
+    model distribution, the top params.logprobs (token id, logprob) alternatives), or (0.0, []) when
+    the request asked for no logprobs (a log-softmax over the vocabulary per row is not free)."""
     out = np.empty(len(seqs), dtype=np.int64)
+    logprobs: list[tuple[float, list[tuple[int, float]]]] = []
     for i, seq in enumerate(seqs):
         row = logits[i]
         prm = seq.params
@@ -111,7 +113,7 @@ def sample(logits: np.ndarray, seqs: list[Sequence]) -> np.ndarray:
             u = seq.rng.random() * cdf[-1]
             out[i] = min(int(np.searchsorted(cdf, u, side="right")), p.shape[0] - 1)
         if prm.logprobs is not None or prm.compute_logprobs:
-            seq.record_logprob(*token_logprobs(logits[i], int(out[i]), prm.logprobs or 0))
-        else:  # a log-softmax over the vocabulary per row is not free: only when asked
-            seq.record_logprob(0.0, [])
-    return out
+            logprobs.append(token_logprobs(logits[i], int(out[i]), prm.logprobs or 0))
+        else:
+            logprobs.append((0.0, []))
+    return out, logprobs

@@ -26,9 +26,17 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class StepResult:
-    sampled: list[ScheduledSeq]   # the entries that produced a token, in order
-    token_ids: np.ndarray         # [len(sampled)] int64
-    logits: np.ndarray | None = None  # [len(sampled), V] fp32 when requested (tests, logprobs)
+    """What one step produced, as data: the runner changes no sequence, block or scheduler state
+    (the engine applies a StepResult in one place, LLMEngine._update_from_output).
+
+    sampled: the scheduled entries that produced a token, in order; token_ids: [len(sampled)] int64;
+    logprobs: per sampled entry (chosen token's logprob, [(token id, logprob)] top alternatives),
+    (0.0, []) where none were asked; logits: [len(sampled), V] fp32 when requested (tests)."""
+
+    sampled: list[ScheduledSeq]
+    token_ids: np.ndarray
+    logprobs: list = None
+    logits: np.ndarray | None = None
 
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -177,12 +185,12 @@ class ModelRunnerBase:
 
     @paddle.no_grad()
     def execute(self, scheduled: list[ScheduledSeq], return_logits: bool = False) -> StepResult:
-        """Run one step. The sequences' token state is not modified here (the engine appends)."""
+        """Run one step and return its StepResult; no sequence state is modified here."""
         sampled, input_ids, positions, meta, last_rows = self.prepare(scheduled)
         hidden = self.model.forward(input_ids, positions, meta, self.kv_caches)
         if len(last_rows) == 0:
-            return StepResult([], np.empty(0, dtype=np.int64))
+            return StepResult([], np.empty(0, dtype=np.int64), [])
         logits = self.model.compute_logits(gather_last_tokens(hidden, paddle.to_tensor(last_rows)))
         logits_np = logits.numpy()
-        tokens = sample(logits_np, [s.seq for s in sampled])
-        return StepResult(sampled, tokens, logits_np if return_logits else None)
+        tokens, logprobs = sample(logits_np, [s.seq for s in sampled])
+        return StepResult(sampled, tokens, logprobs, logits_np if return_logits else None)
