@@ -73,7 +73,7 @@ class Sequence:
         self.token_ids.append(int(token_id))
 
     def record_logprob(self, logprob: float, top: list[tuple[int, float]]) -> None:
-        """Called by the sampler for the token it is about to append."""
+        """Called by the engine (LLMEngine._update_from_output) with the sampled token's logprob."""
         self.cumulative_logprob += logprob
         self.pending_logprobs.append((logprob, top))
 
