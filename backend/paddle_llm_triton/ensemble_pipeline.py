@@ -22,15 +22,15 @@ A watcher thread polls `is_cancelled()` of the requests in flight every `poll_s`
 it sends the stop to `llm` and repeats it every `retry_s` until the inner stream ends (a stop can
 overtake its request on the way into `llm`), for at most `give_up_s`. Responses of a cancelled
 request are not sent.
-llm reports a failure of a started request as an `error` output, not as an error response
-(responder.ResponseOptions.errors_as_output: Triton 2.51's BLS iterator loses error responses that
-follow data responses); this model turns it into a Triton error for the client.
+Every llm request carries ensemble_protocol.ENSEMBLE_STEP: llm then answers by the internal protocol
+described there (token ids in, TensorRT-LLM logprob outputs, a failure of a started request as an
+`error` output because Triton 2.51's BLS iterator loses error responses that follow data
+responses); this model turns that output into a Triton error for the client.
 Errors keep Triton's ensemble wording: "in ensemble '<name>', <message of the step>".
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -38,6 +38,9 @@ import uuid
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from paddle_llm_triton import ensemble_protocol as protocol
+from paddle_llm_triton.errors import triton_code
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +50,6 @@ PRE_INPUTS = ("text_input", "max_tokens", "stream", "stop_words", "bad_words", "
               "length_penalty", "min_tokens", "min_length", "seed", "random_seed", "exclude_input_in_output",
               "return_log_probs", "beam_width", "num_return_sequences", "apply_chat_template")
 PRE_OUTPUTS = ["INPUT_IDS", "SAMPLING_PARAMETERS", "STREAM", "EXCLUDE_INPUT_IN_OUTPUT", "RETURN_LOG_PROBS"]
-LLM_OUTPUTS = ["text_output", "output_log_probs", "cumulative_logprob", "finish_reason", "error"]
 POST_OUTPUTS = ["text_output", "cum_log_probs", "output_log_probs"]
 
 
@@ -156,8 +158,9 @@ class EnsemblePipeline:
         text = pb.get_input_tensor_by_name(request, "text_input").as_numpy()
         inner_id = uuid.uuid4().hex
         llm_req = pb.InferenceRequest(
-            model_name=self.llm_model, request_id=inner_id, requested_output_names=LLM_OUTPUTS,
-            inputs=[pb.Tensor("input_ids", pre_out["INPUT_IDS"].reshape(-1).astype(np.int32)),
+            model_name=self.llm_model, request_id=inner_id, requested_output_names=list(protocol.LLM_OUTPUTS),
+            inputs=[pb.Tensor(protocol.ENSEMBLE_STEP, np.array([True])),
+                    pb.Tensor(protocol.INPUT_IDS, pre_out["INPUT_IDS"].reshape(-1).astype(np.int32)),
                     pb.Tensor("sampling_parameters", pre_out["SAMPLING_PARAMETERS"].reshape(1)),
                     pb.Tensor("stream", pre_out["STREAM"].reshape(1)),
                     pb.Tensor("text_input", text.reshape(1)),
@@ -178,10 +181,11 @@ class EnsemblePipeline:
                     break
                 if flight.cancelled or flight.done:
                     continue  # nobody is listening any more: drain to the end of the inner stream
-                out = {n: pb.get_output_tensor_by_name(resp, n) for n in LLM_OUTPUTS}
-                if out["error"] is not None:  # llm failed the request after it started (see ResponseOptions)
-                    message, code = _decode_error(out["error"].as_numpy().reshape(-1)[0])
-                    flight.send(pb.InferenceResponse(error=pb.TritonError(self._error_text(message), code)), final=True)
+                out = {n: pb.get_output_tensor_by_name(resp, n) for n in protocol.LLM_OUTPUTS}
+                if out[protocol.ERROR] is not None:  # llm failed the request after it started
+                    message, code = protocol.decode_error(out[protocol.ERROR].as_numpy().reshape(-1)[0])
+                    flight.send(pb.InferenceResponse(error=pb.TritonError(self._error_text(message), triton_code(code))),
+                                final=True)
                     break
                 if out["text_output"] is None:
                     continue  # an empty final response
@@ -298,18 +302,6 @@ class EnsemblePipeline:
                         flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         except Exception:
             log.warning("could not send the error of a request (client gone?): %s", msg)
-
-
-def _decode_error(raw) -> tuple[str, object]:
-    """llm's `error` output ({"code", "message"} JSON) -> (message, TritonError code)."""
-    pb = _pb()
-    try:
-        d = json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else raw)
-        message, code = str(d.get("message", "error")), d.get("code")
-    except (ValueError, AttributeError):
-        message, code = str(raw), None
-    return message, {"invalid_arg": pb.TritonError.INVALID_ARG,
-                     "unavailable": pb.TritonError.UNAVAILABLE}.get(code, pb.TritonError.INTERNAL)
 
 
 def _code(err):

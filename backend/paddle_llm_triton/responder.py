@@ -19,6 +19,8 @@ from typing import Callable
 import numpy as np
 
 from paddle_llm_engine.outputs import RequestOutput
+from paddle_llm_triton import ensemble_protocol
+from paddle_llm_triton.errors import triton_code
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +38,8 @@ class ResponseOptions:
     return_cumulative_logprob: bool = False
     return_output_ids: bool = False
     zero_logprobs: bool = False             # report 0.0 logprobs (TensorRT-LLM when not asked)
-    # BLS callers (the ensemble pipeline): send an error as a final response whose `error` output
-    # holds {"code", "message"} JSON and finish_reason "error". Triton 2.51's BLS response iterator
-    # loses an error response that follows data responses (it never ends, or ends empty), so an
-    # error response cannot reach a BLS caller mid-stream; the caller turns this into a Triton error.
+    # the ensemble pipeline's requests: a failure as a final response with the `error` output
+    # (ensemble_protocol.py), not as an error response
     errors_as_output: bool = False
 
 
@@ -128,15 +128,13 @@ class Responder:
             self._on_finished(out)
         if out.finish_reason == "error":
             if p.opts.errors_as_output:
-                err = json.dumps({"code": out.error_code, "message": out.error or "error"})
+                err = ensemble_protocol.encode_error(out.error_code, out.error)
                 self._send(p, pb_utils.InferenceResponse(output_tensors=[
                     pb_utils.Tensor("text_output", np.array([b""], dtype=np.object_)),
                     pb_utils.Tensor("finish_reason", np.array([b"error"], dtype=np.object_)),
-                    pb_utils.Tensor("error", np.array([err.encode("utf-8")], dtype=np.object_))]), final=True)
+                    pb_utils.Tensor(ensemble_protocol.ERROR, np.array([err], dtype=np.object_))]), final=True)
                 return
-            code = {"invalid_arg": pb_utils.TritonError.INVALID_ARG,
-                    "unavailable": pb_utils.TritonError.UNAVAILABLE}.get(out.error_code, pb_utils.TritonError.INTERNAL)
-            err = pb_utils.TritonError(out.error or "error", code)
+            err = pb_utils.TritonError(out.error or "error", triton_code(out.error_code))
             self._send(p, pb_utils.InferenceResponse(error=err), final=True)
             return
         if p.cancelled or p.sender.is_cancelled():

@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 
-from clients import (decode_str, http_generate, http_generate_stream, llm_stream, run_concurrently,
-                     sampling_json, server_ready)
+from clients import (decode_str, grpc_stream, http_generate, http_generate_stream, llm_inputs, llm_stream,
+                     run_concurrently, sampling_json, server_ready)
 
 pytestmark = pytest.mark.e2e
 
@@ -164,6 +166,16 @@ def test_bad_sampling_parameters_name_the_field(triton_server, params, field):
 def test_sampling_parameters_not_json_is_rejected(triton_server):
     r = llm_stream(triton_server.grpc_url, PROMPT, stream=True, sampling_parameters="{temperature: 0")
     assert_error_names(r, "sampling_parameters")
+
+
+def test_input_ids_from_a_direct_client_is_invalid_arg(triton_server):
+    """input_ids belongs to the ensemble pipeline's internal protocol (ensemble_step): a direct
+    client that sends it gets a Triton error naming it, not an `error` output tensor."""
+    ids = np.array([1, 2, 3], dtype=np.int32)
+    t = grpcclient.InferInput("input_ids", list(ids.shape), "INT32")
+    t.set_data_from_numpy(ids)
+    r = grpc_stream(triton_server.grpc_url, "llm", llm_inputs(PROMPT, True, {"max_tokens": "4"}) + [t])
+    assert_error_names(r, "input_ids")
 
 
 def test_numbers_as_json_numbers_also_accepted(triton_server):

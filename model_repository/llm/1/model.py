@@ -1,10 +1,11 @@
 """Triton decoupled model `llm`: hosts one Paddle LLM engine per model instance.
 
 Contract: Triton's vLLM backend (text_input, stream, sampling_parameters JSON, the return_* flags)
-plus `input_ids` from the ensemble's preprocessing step, plus TensorRT-LLM's `stop`: a request with
-stop = true aborts the requests in flight under the same Triton request id, on every instance
+plus TensorRT-LLM's `stop`: a request with stop = true aborts the requests in flight under the
+same Triton request id, on every instance
 (paddle_llm_triton/stop_requests.py). execute() only parses and enqueues; the engine runs on its own
-thread and a responder thread sends the responses.
+thread and a responder thread sends the responses. Requests of the `ensemble` pipeline follow the internal
+protocol of paddle_llm_triton/ensemble_protocol.py (marked by its ENSEMBLE_STEP input).
 """
 
 import json
@@ -18,6 +19,7 @@ import numpy as np
 
 from paddle_llm_engine import EngineConfig, EngineDeadError, EngineLoop, InvalidRequestError, LLMEngine
 from paddle_llm_engine.tokenizer import encode_prompt
+from paddle_llm_triton import ensemble_protocol as protocol
 from paddle_llm_triton import tensors as T
 from paddle_llm_triton.config_params import engine_config_from_triton, serving_options
 from paddle_llm_triton.contracts.vllm import from_vllm_json
@@ -107,8 +109,11 @@ class TritonPythonModel:
 
     def _submit(self, request, sender):
         self.loop.raise_if_dead()  # fail fast once the engine has failed
-        ids = T.get_array(request, "input_ids")
+        ensemble = bool(T.get_bool(request, protocol.ENSEMBLE_STEP))  # the pipeline's request
+        ids = T.get_array(request, protocol.INPUT_IDS)
         text = T.get_str(request, "text_input")
+        if ids is not None and not ensemble:
+            raise InvalidRequestError(protocol.INPUT_IDS, "an internal input of the ensemble pipeline; send text_input")
         if ids is not None:
             prompt_ids = [int(x) for x in ids.reshape(-1)]
         elif text is not None:
@@ -116,14 +121,14 @@ class TritonPythonModel:
                 raise InvalidRequestError("text_input", "must not be empty")
             prompt_ids = encode_prompt(self.tokenizer, text)
         else:
-            raise InvalidRequestError("text_input", "required (or input_ids)")
+            raise InvalidRequestError("text_input", "required")
         params = from_vllm_json(T.get_str(request, "sampling_parameters"))
         stream = bool(T.get_bool(request, "stream"))
         # The prompt text is prepended to a non-streamed answer unless exclude_input_in_output is
         # True (vLLM backend and TensorRT-LLM semantics alike); a stream never repeats it, and a
         # vLLM client that asks for it while streaming gets an error, as from the vLLM backend.
         exclude = T.get_bool(request, "exclude_input_in_output")
-        if stream and exclude is False and ids is None:
+        if stream and exclude is False and not ensemble:
             raise InvalidRequestError("exclude_input_in_output", "False is not allowed when streaming")
         prepend = text is not None and not stream and not exclude
         want_lp = bool(T.get_bool(request, "return_logprobs"))
@@ -134,11 +139,11 @@ class TritonPythonModel:
             return_num_input_tokens=bool(T.get_bool(request, "return_num_input_tokens")),
             return_num_output_tokens=bool(T.get_bool(request, "return_num_output_tokens")),
             return_logprobs=want_lp,
-            return_cumulative_logprob=bool(T.get_bool(request, "return_cumulative_logprob")) or ids is not None,
-            # ensemble path: per-token logprobs for TensorRT-LLM's output_log_probs (zeros unless asked)
-            return_output_ids=ids is not None,
-            zero_logprobs=ids is not None and not want_lp,
-            errors_as_output=ids is not None,  # the ensemble pipeline (BLS): see ResponseOptions
+            return_cumulative_logprob=bool(T.get_bool(request, "return_cumulative_logprob")) or ensemble,
+            # TensorRT-LLM's output_log_probs / cum_log_probs: always present, zeros unless asked
+            return_output_ids=ensemble,
+            zero_logprobs=ensemble and not want_lp,
+            errors_as_output=ensemble,
         )
         if opts.return_logprobs and params.logprobs is None:
             params.logprobs = 0
