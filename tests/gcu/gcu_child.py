@@ -9,8 +9,9 @@ Actions (spec["action"]):
 - probe: the plug-in as Paddle sees it (device types, devices, properties, round trips, memory).
 - resolve: paddle_llm_engine's device resolution for each [device, device_id] of spec["cases"].
 - generate: an engine (spec["engine"] = EngineConfig kwargs) generates greedy tokens for
-  spec["prompts"] (token id lists) with spec["max_tokens"] each; reports tokens, the runner class,
-  the device, KV blocks, bytes per block, and the device memory just before the KV cache was made.
+  spec["prompts"] (token id lists) or spec["text_prompts"] (strings) with spec["max_tokens"]
+  each; reports tokens, texts, the runner class, the device, KV blocks, bytes per block, and the
+  device memory just before the KV cache was made.
 - start: only builds the engine (start-up errors are the point).
 A failure is reported as {"error": {"type", "message"}} (the traceback goes to stderr).
 """
@@ -165,8 +166,13 @@ def generate(spec: dict) -> dict:
     record: dict = {}
     engine = _engine(spec, record)
     sp = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=int(spec["max_tokens"]))
-    rids = [f"p{i}" for i in range(len(spec["prompts"]))]
-    for rid, ids in zip(rids, spec["prompts"]):
+    prompts = spec.get("prompts")
+    if prompts is None:  # text prompts, tokenized as the server tokenizes text_input
+        from paddle_llm_engine.tokenizer import encode_prompt
+
+        prompts = [encode_prompt(engine.tokenizer, t) for t in spec["text_prompts"]]
+    rids = [f"p{i}" for i in range(len(prompts))]
+    for rid, ids in zip(rids, prompts):
         engine.add_request(rid, list(ids), sp)
     tokens = {rid: [] for rid in rids}
     texts = {rid: "" for rid in rids}

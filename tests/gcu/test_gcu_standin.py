@@ -15,16 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gcu_helpers import BLOCK, engine_kwargs
+
 MIB = 1 << 20
-BLOCK = 16
-MAX_LEN = 128
-
-
-def engine_kwargs(model_dir: str, **kw) -> dict:
-    cfg = dict(model_dir=model_dir, device="gcu", device_id=0, block_size=BLOCK, num_kv_blocks=64,
-               max_model_len=MAX_LEN, max_num_seqs=8, max_num_batched_tokens=512, num_threads=1)
-    cfg.update(kw)
-    return cfg
 
 
 def prompts_of_lengths(lengths) -> list[list[int]]:

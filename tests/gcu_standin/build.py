@@ -168,8 +168,9 @@ def make_stub_venv(folder: Path, site_dirs: list[Path], python: str | None = Non
     site = folder / "lib" / ver / "site-packages"
     if not site.is_dir():
         raise RuntimeError(f"{site} missing after creating the venv")
-    dirs = ", ".join(repr(str(Path(d).resolve())) for d in site_dirs)
-    (site / "zz_gcu_standin.pth").write_text(f"import site; [site.addsitedir(d) for d in ({dirs},)]\n")
+    # One line starting with "import": site.py exec()s it (a comprehension would not see `site`).
+    calls = "; ".join(f"site.addsitedir({str(Path(d).resolve())!r})" for d in site_dirs)
+    (site / "zz_gcu_standin.pth").write_text(f"import site; {calls}\n")
     return folder / "bin"
 
 

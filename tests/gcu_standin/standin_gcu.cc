@@ -10,6 +10,9 @@
 //   - h2d / d2h / d2d / p2p copies (sync and async) are memcpy; streams and events are no-ops.
 // Total memory per device: env STANDIN_GCU_TOTAL_MEMORY_MB (default 4096), read once at load.
 // Env STANDIN_GCU_DEVICE_COUNT (default 2, 1..8) sets the number of devices.
+// Env STANDIN_GCU_USAGE_DIR: when set, every device allocation rewrites
+// <dir>/standin_gcu.<pid>.txt with one line per device, "gcu:<i> used <bytes> peak <bytes>", so a
+// test can see from outside which device a process (e.g. a Triton stub) put its memory on.
 //
 // Written against paddle/phi/backends/device_ext.h of the installed wheel (tests/gcu_standin/build.py
 // compiles it with the machine's g++). No static objects with destructors: Paddle may call into the
@@ -21,6 +24,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+
+#include <unistd.h>
 
 #include "paddle/phi/backends/device_base.h"  // phi::DeviceProp, filled by get_device_properties
 #include "paddle/phi/backends/device_ext.h"
@@ -44,6 +49,8 @@ size_t g_total_bytes = 4096ULL << 20;
 std::atomic<size_t> g_used[kMaxDevices];
 std::atomic<size_t> g_peak[kMaxDevices];
 thread_local int g_current_device = 0;
+char g_usage_path[4096] = "";  // empty: no usage file
+std::atomic<bool> g_usage_busy{false};
 
 size_t env_size(const char* name, size_t fallback, size_t lo, size_t hi) {
   const char* v = std::getenv(name);
@@ -65,6 +72,26 @@ bool valid(const C_Device d) { return d != nullptr && d->id >= 0 && static_cast<
 void ReadConfig() {  // from InitPlugin, before Paddle asks anything
   g_device_count = env_size("STANDIN_GCU_DEVICE_COUNT", 2, 1, kMaxDevices);
   g_total_bytes = env_size("STANDIN_GCU_TOTAL_MEMORY_MB", 4096, 1, 1ULL << 24) << 20;
+  const char* dir = std::getenv("STANDIN_GCU_USAGE_DIR");
+  if (dir != nullptr && *dir != '\0') {
+    std::snprintf(g_usage_path, sizeof(g_usage_path), "%s/standin_gcu.%ld.txt", dir, static_cast<long>(getpid()));
+  }
+}
+
+// Rewrites the usage file (write to a temporary name, then rename: readers never see half a file).
+// Skipped when another thread is writing it; the next allocation writes the newer numbers.
+void WriteUsage() {
+  if (g_usage_path[0] == '\0' || g_usage_busy.exchange(true)) return;
+  char tmp[4200];
+  std::snprintf(tmp, sizeof(tmp), "%s.tmp", g_usage_path);
+  if (FILE* f = std::fopen(tmp, "w")) {
+    for (size_t i = 0; i < g_device_count; ++i) {
+      std::fprintf(f, "gcu:%zu used %zu peak %zu\n", i, g_used[i].load(), g_peak[i].load());
+    }
+    std::fclose(f);
+    std::rename(tmp, g_usage_path);
+  }
+  g_usage_busy.store(false);
 }
 
 C_Status Initialize() { return C_SUCCESS; }
@@ -128,6 +155,7 @@ C_Status DeviceAllocate(const C_Device d, void** ptr, size_t size) {
   while (now > peak && !g_peak[d->id].compare_exchange_weak(peak, now)) {
   }
   *ptr = static_cast<char*>(raw) + kHeader;
+  WriteUsage();
   return C_SUCCESS;
 }
 
