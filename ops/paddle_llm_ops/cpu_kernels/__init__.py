@@ -1,0 +1,328 @@
+"""C++ CPU kernels for the decode step (Paddle custom ops, CPU place, fp32 activations).
+
+Built once at set-up (`scripts/setup.sh` runs `build.py`, cached by source hash under
+`build/cpu_kernels/`); this module only loads the built library. The composed Paddle ops of
+`paddle_llm_ops` stay the reference and the fallback: nothing here changes them.
+
+Dispatch: every op runs either its AVX2+FMA code or its portable C++ code, chosen by the `isa`
+argument ("avx2_fma" | "generic"; None = the process default set with `select_isa`, initially
+"generic"). The caller (the platform layer) decides from the CPU's flags; the library additionally
+refuses "avx2_fma" on a CPU without AVX2+FMA (ValueError here, an error from the op if forced), so
+an instruction the CPU lacks is never executed.
+
+Threads: only large ops (GEMV over big weights, attention over long contexts, long prefill rows)
+open an OpenMP region, on the OpenMP runtime the paddle wheel already uses (libiomp5: one team
+shared with MKL); small ops run on the calling thread. `set_num_threads` sets the count (default:
+the CPUs of the process's affinity mask).
+
+Errors: ops raise ValueError (Paddle's wrapped C++ error text) for a wrong dtype, shape, place, a
+non-contiguous tensor or an index outside the cache / rotary table; `load()` raises
+KernelsNotBuiltError when the library for the current sources is missing.
+
+Ops (all fp32 unless stated; B = decode batch, T = tokens of a step):
+  gemv / linear             x [B, K] . w [N, K]^T (+ bias [N])                       -> [B, N]
+  gemv_int8 / linear_int8   (x [B, K] . q [N, K]^T) * scale [N] (+ bias)  (q int8)   -> [B, N]
+  quantize_int8             w [N, K] -> (q [N, K] int8, scale [N])
+  rms_norm                  x [T, H], weight [H], eps                                -> [T, H]
+  add_rms_norm              x, residual [T, H], weight [H], eps      -> (normed [T, H], x + residual)
+  rotary_kv_write           qkv [T, (nh + 2 kvh) d] -> q [T, nh, d]; writes k, v into the caches
+  paged_decode_attention    q [B, nh, d] over block tables            -> [B, nh * d]
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from pathlib import Path
+
+import numpy as np
+import paddle
+
+from paddle_llm_ops.cpu_kernels import build as _build
+
+ISAS = ("avx2_fma", "generic")
+
+# Decode batches up to this size use our GEMV; larger ones (prefill) use paddle.matmul on the same
+# [N, K] weight with transpose_y=True (MKL), which is faster there. Measured on SmolLM2-135M shapes
+# with 2 threads (benchmarks/bench_kernels.py): see the report in the module README section below.
+GEMV_MAX_BATCH = 64
+# int8: above this batch the weight is dequantized to a temporary fp32 [N, K] and multiplied by
+# paddle.matmul (the temporary lives for one call only; the model keeps the int8 copy alone).
+GEMV_INT8_MAX_BATCH = 64
+
+
+class KernelsNotBuiltError(RuntimeError):
+    """The built library for the current kernel sources is missing (run scripts/setup.sh)."""
+
+
+_lock = threading.Lock()
+_loaded_path: Path | None = None
+_cdll: ctypes.CDLL | None = None
+_isa = "generic"
+
+
+def library_path() -> Path:
+    """Path of the library built for the current sources (it may not exist)."""
+    return _build.library_path()
+
+
+def load() -> Path:
+    """Load the built library and register its ops with Paddle (idempotent). Returns its path.
+    Raises KernelsNotBuiltError naming the expected path when it was not built."""
+    global _loaded_path, _cdll
+    if _loaded_path is not None:
+        return _loaded_path
+    with _lock:
+        if _loaded_path is not None:
+            return _loaded_path
+        path = library_path()
+        if not path.is_file():
+            raise KernelsNotBuiltError(
+                f"the C++ CPU kernels are not built for the current sources (expected {path}): run scripts/setup.sh "
+                f"(or `python ops/paddle_llm_ops/cpu_kernels/build.py`)")
+        from paddle.utils.cpp_extension import load_op_meta_info_and_register_op
+
+        load_op_meta_info_and_register_op(str(path))
+        _cdll = ctypes.CDLL(str(path))  # the same handle: reaches the library's C entry points
+        _cdll.plk_set_num_threads.argtypes = [ctypes.c_int]
+        _cdll.plk_read_probe.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int]
+        _cdll.plk_read_probe.restype = ctypes.c_int
+        _loaded_path = path
+        return path
+
+
+def available() -> bool:
+    """True when the library for the current sources is built and loads (never raises)."""
+    try:
+        load()
+        return True
+    except Exception:
+        return False
+
+
+def cpu_supports_avx2_fma() -> bool:
+    """The library's own check (cpuid + OS state, GCC __builtin_cpu_supports). Needs the library."""
+    load()
+    return bool(_cdll.plk_cpu_has_avx2_fma())
+
+
+def supported_isas() -> tuple[str, ...]:
+    """The isas this CPU can run, best first."""
+    return ISAS if cpu_supports_avx2_fma() else ("generic",)
+
+
+def select_isa(isa: str) -> None:
+    """Set the process default isa for ops called with isa=None. Raises ValueError for an unknown
+    name or for "avx2_fma" on a CPU without AVX2+FMA."""
+    global _isa
+    _isa = _check_isa(isa)
+
+
+def get_isa() -> str:
+    return _isa
+
+
+def _check_isa(isa: str) -> str:
+    if isa not in ISAS:
+        raise ValueError(f"unknown isa {isa!r} (expected one of {', '.join(ISAS)})")
+    if isa == "avx2_fma" and not cpu_supports_avx2_fma():
+        raise ValueError("isa 'avx2_fma' requested but this CPU does not support AVX2 and FMA")
+    return isa
+
+
+def set_num_threads(n: int) -> None:
+    """Threads the kernels may use (n >= 1); n <= 0 restores the default (CPUs in the affinity mask)."""
+    load()
+    _cdll.plk_set_num_threads(int(n))
+
+
+def get_num_threads() -> int:
+    load()
+    return int(_cdll.plk_num_threads())
+
+
+def read_bandwidth_probe(buf: np.ndarray, threads: int, avx2: bool = True) -> int:
+    """Read every float of the contiguous fp32 array `buf` once with `threads` threads (the
+    benchmark times this to measure the host's read bandwidth). Returns a checksum."""
+    load()
+    assert buf.dtype == np.float32 and buf.flags.c_contiguous
+    return _cdll.plk_read_probe(buf.ctypes.data, buf.size, int(threads), int(bool(avx2)))
+
+
+def _run(op: str, *args):
+    load()
+    out = paddle._C_ops._run_custom_op(op, *args)
+    return out
+
+
+def _resolve(isa: str | None) -> str:
+    return _isa if isa is None else isa
+
+
+# ------------------------------------------------------------------------------------ GEMV
+def gemv(x: paddle.Tensor, w: paddle.Tensor, bias: paddle.Tensor | None = None, isa: str | None = None) -> paddle.Tensor:
+    """y = x @ w^T (+ bias), streaming the weight once per call.
+
+    x: [B, K] fp32 contiguous; w: [N, K] fp32 contiguous (the HF Linear layout "out, in", and the
+    layout of a tied embedding); bias: [N] fp32 or None. Returns [B, N] fp32. Any B works; it is
+    fastest for decode batches (B <= GEMV_MAX_BATCH; see `linear`). Summation order per output:
+    8 lanes over k mod 8, then a fixed lane tree (csrc/gemv.cc), identical on both isas except that
+    avx2_fma fuses multiply-add. Raises ValueError on wrong dtypes/shapes/places."""
+    return _run("plk_gemv", x, w, bias, _resolve(isa))[0]
+
+
+def linear(x: paddle.Tensor, w: paddle.Tensor, bias: paddle.Tensor | None = None, isa: str | None = None) -> paddle.Tensor:
+    """x [B, K] @ w [N, K]^T (+ bias [N]) -> [B, N]: `gemv` for B <= GEMV_MAX_BATCH, else
+    paddle.matmul(x, w, transpose_y=True) on the same weight (no second copy)."""
+    if x.shape[0] <= GEMV_MAX_BATCH:
+        return gemv(x, w, bias, isa)
+    y = paddle.matmul(x, w, transpose_y=True)
+    return y if bias is None else y + bias
+
+
+def gemv_int8(x: paddle.Tensor, q: paddle.Tensor, scale: paddle.Tensor, bias: paddle.Tensor | None = None,
+              isa: str | None = None) -> paddle.Tensor:
+    """Weight-only int8: y[b, n] = (sum_k x[b, k] * q[n, k]) * scale[n] (+ bias[n]).
+
+    x: [B, K] fp32; q: [N, K] int8 (from quantize_int8); scale: [N] fp32; bias: [N] fp32 or None.
+    Returns [B, N] fp32. The sum uses the fixed order of `gemv` (reproduced exactly by
+    `gemv_int8_reference`). Raises ValueError on wrong dtypes/shapes/places."""
+    return _run("plk_gemv_int8", x, q, scale, bias, _resolve(isa))[0]
+
+
+def linear_int8(x: paddle.Tensor, q: paddle.Tensor, scale: paddle.Tensor, bias: paddle.Tensor | None = None,
+                isa: str | None = None) -> paddle.Tensor:
+    """`gemv_int8` for B <= GEMV_INT8_MAX_BATCH; above, x @ dequantize_int8(q, scale)^T with
+    paddle.matmul (a temporary fp32 weight for the duration of the call)."""
+    if x.shape[0] <= GEMV_INT8_MAX_BATCH:
+        return gemv_int8(x, q, scale, bias, isa)
+    y = paddle.matmul(x, dequantize_int8(q, scale), transpose_y=True)
+    return y if bias is None else y + bias
+
+
+def quantize_int8_numpy(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-output-channel symmetric int8 of an fp32 [N, K] weight (rows = output channels):
+    scale[n] = max_k |w[n, k]| / 127 (fp32), q = round-half-even(w / scale) clipped to [-127, 127]
+    (fp32 division); an all-zero row gets scale 0 and q 0. Returns (q int8 [N, K], scale fp32 [N]).
+    Bit-identical to the C++ `quantize_int8`. Rounding error per weight <= scale / 2."""
+    w = np.ascontiguousarray(w, dtype=np.float32)
+    if w.ndim != 2:
+        raise ValueError(f"quantize_int8 needs a 2-D [N, K] weight, got shape {w.shape}")
+    scale = (np.abs(w).max(axis=1) / np.float32(127)).astype(np.float32)
+    q = np.empty(w.shape, dtype=np.int8)
+    safe = np.where(scale > 0, scale, np.float32(1))[:, None]
+    step = max(1, (1 << 24) // max(1, w.shape[1]))  # rows per chunk: bounded temporaries
+    for i in range(0, w.shape[0], step):
+        r = np.rint(w[i:i + step] / safe[i:i + step])
+        q[i:i + step] = np.clip(r, -127, 127).astype(np.int8)
+    q[scale == 0] = 0
+    return q, scale
+
+
+def quantize_int8(w) -> tuple[paddle.Tensor, paddle.Tensor]:
+    """Quantize an fp32 [N, K] weight (paddle.Tensor or numpy array) for gemv_int8.
+    Returns (q [N, K] int8, scale [N] fp32) as CPU tensors; see quantize_int8_numpy for the math.
+    A paddle.Tensor runs the C++ op (threaded), numpy the numpy version; both give the same bits."""
+    if isinstance(w, np.ndarray):
+        q, s = quantize_int8_numpy(w)
+        return paddle.to_tensor(q), paddle.to_tensor(s)
+    q, s = _run("plk_quantize_int8", w)
+    return q, s
+
+
+def dequantize_int8(q: paddle.Tensor, scale: paddle.Tensor) -> paddle.Tensor:
+    """q [N, K] int8, scale [N] -> q * scale[:, None] as fp32 [N, K] (composed Paddle ops)."""
+    return q.astype("float32") * scale.unsqueeze(1)
+
+
+def gemv_int8_reference(x: np.ndarray, q: np.ndarray, scale: np.ndarray, bias: np.ndarray | None = None,
+                        fused: bool = True) -> np.ndarray:
+    """numpy model of gemv_int8's arithmetic, summation order included (tests compare bit for bit).
+    fused=True models the avx2_fma path (one rounding per multiply-add: the product of an fp32 and
+    an int8 is exact in float64, so float64 add + one rounding to fp32 equals the FMA unless the
+    float64 sum itself rounds, which needs operands ~2^29 apart), fused=False the generic path."""
+    x = np.asarray(x, np.float32)
+    qf = np.asarray(q).astype(np.float32)
+    b, k = x.shape
+    n = qf.shape[0]
+    kp = -(-k // 8) * 8
+    xp = np.zeros((b, kp), np.float32)
+    xp[:, :k] = x
+    qp = np.zeros((n, kp), np.float32)
+    qp[:, :k] = qf
+    xr, qr = xp.reshape(b, kp // 8, 8), qp.reshape(n, kp // 8, 8)
+    acc = np.zeros((b, n, 8), np.float32)
+    for t in range(kp // 8):
+        xt, qt = xr[:, None, t, :], qr[None, :, t, :]
+        if fused:
+            acc = (xt.astype(np.float64) * qt.astype(np.float64) + acc.astype(np.float64)).astype(np.float32)
+        else:
+            acc = acc + xt * qt
+    a = acc[..., :4] + acc[..., 4:]
+    s = (a[..., 0] + a[..., 2]) + (a[..., 1] + a[..., 3])
+    y = s * np.asarray(scale, np.float32)[None, :]
+    if bias is not None:
+        y = y + np.asarray(bias, np.float32)[None, :]
+    return y.astype(np.float32)
+
+
+# --------------------------------------------------------------------------------- RMSNorm
+def rms_norm(x: paddle.Tensor, weight: paddle.Tensor, eps: float, isa: str | None = None) -> paddle.Tensor:
+    """y = x / sqrt(mean(x^2, -1) + eps) * weight. x: [T, H] fp32, weight: [H]. Returns [T, H].
+    Also serves per-head norms (Qwen3 q/k norm) with x reshaped to [T * heads, head_dim]."""
+    return _run("plk_rms_norm", x, weight, float(eps), _resolve(isa))[0]
+
+
+def add_rms_norm(x: paddle.Tensor, residual: paddle.Tensor, weight: paddle.Tensor, eps: float,
+                 isa: str | None = None) -> tuple[paddle.Tensor, paddle.Tensor]:
+    """s = x + residual; returns (rms_norm(s, weight, eps), s), both [T, H] fp32, in one pass.
+    Replaces `h = h + delta; x = rms_norm(h, w, eps)` of the decoder (s is the new residual h)."""
+    y, s = _run("plk_add_rms_norm", x, residual, weight, float(eps), _resolve(isa))
+    return y, s
+
+
+# ------------------------------------------------------------------------ rotary + KV write
+def rotary_kv_write(qkv: paddle.Tensor, positions: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor,
+                    k_cache: paddle.Tensor, v_cache: paddle.Tensor, slot_mapping: paddle.Tensor, num_heads: int,
+                    num_kv_heads: int, q_norm: paddle.Tensor | None = None, k_norm: paddle.Tensor | None = None,
+                    eps: float = 1e-6, isa: str | None = None) -> paddle.Tensor:
+    """Rotary embedding (rotate-half) of q and k plus the paged KV write, in one pass, no concat.
+
+    qkv: [T, (num_heads + 2 * num_kv_heads) * d] fp32, the fused projection output (q heads, then
+    k heads, then v heads); positions: [T] int64; cos, sin: [max_positions, d] fp32 as
+    RotaryTable.cos / .sin build them; k_cache, v_cache: [num_kv_heads, num_slots, d] fp32, written
+    in place at slot_mapping [T] int64 (rotated k, v bit-copied); q_norm, k_norm: optional [d] fp32
+    per-head RMSNorm weights applied before the rotation (Qwen3), both or neither, with eps.
+    Returns the rotated q [T, num_heads, d]. Without q/k norms, q and the cache rows are
+    bit-identical to apply_rotary + write_kv. Raises ValueError for a position outside the table or
+    a slot outside the cache (checked before anything is written). Duplicate slots: the last token
+    wins."""
+    out = _run("plk_rotary_kv", qkv, positions, cos, sin, k_cache, v_cache, slot_mapping, q_norm, k_norm,
+               int(num_heads), int(num_kv_heads), float(eps), _resolve(isa))
+    return out[0]
+
+
+# --------------------------------------------------------------------- paged decode attention
+def paged_decode_attention(q: paddle.Tensor, k_cache: paddle.Tensor, v_cache: paddle.Tensor,
+                           block_tables: paddle.Tensor, context_lens: paddle.Tensor, scale: float, block_size: int,
+                           isa: str | None = None) -> paddle.Tensor:
+    """Decode attention reading K/V straight from each sequence's blocks.
+
+    q: [B, num_heads, d] fp32 (one new token per sequence, already rotated and its k/v already in
+    the cache); k_cache, v_cache: [num_kv_heads, num_blocks * block_size, d] fp32;
+    block_tables: [B, max_blocks] int32 (entries past a sequence's last block are ignored);
+    context_lens: [B] int32, the keys each query sees (positions 0 .. len-1; 0 gives a zero row).
+    Query head h uses KV head h // (num_heads // num_kv_heads); scale is the score factor
+    (1/sqrt(d)). Returns [B, num_heads * d] fp32. Softmax is online (running max), stable for any
+    score range. Raises ValueError for a block id outside the cache or a length beyond the table."""
+    return _run("plk_decode_attention", q, k_cache, v_cache, block_tables, context_lens, float(scale),
+                int(block_size), _resolve(isa))[0]
+
+
+__all__ = [
+    "GEMV_INT8_MAX_BATCH", "GEMV_MAX_BATCH", "ISAS", "KernelsNotBuiltError", "add_rms_norm", "available",
+    "cpu_supports_avx2_fma", "dequantize_int8", "gemv", "gemv_int8", "gemv_int8_reference", "get_isa",
+    "get_num_threads", "library_path", "linear", "linear_int8", "load", "paged_decode_attention", "quantize_int8",
+    "quantize_int8_numpy", "read_bandwidth_probe", "rms_norm", "rotary_kv_write", "select_isa", "set_num_threads",
+    "supported_isas",
+]

@@ -1,0 +1,84 @@
+#include "common.h"
+
+#include <omp.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <atomic>
+
+namespace plk {
+
+namespace {
+std::atomic<int> g_threads{0};
+
+int affinity_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
+  int n = CPU_COUNT(&set);
+  return n < 1 ? 1 : n;
+}
+
+struct CpuInit {
+  CpuInit() { __builtin_cpu_init(); }
+} g_cpu_init;
+}  // namespace
+
+bool cpu_has_avx2_fma() {
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+int num_threads() {
+  int n = g_threads.load(std::memory_order_relaxed);
+  if (n >= 1) return n;
+  static const int cpus = affinity_cpus();
+  return cpus;
+}
+
+void set_num_threads(int n) { g_threads.store(n < 1 ? 0 : n, std::memory_order_relaxed); }
+
+int threads_for(int64_t work, int64_t threshold) {
+  if (threshold <= 0) return num_threads();
+  int64_t t = work / threshold;
+  if (t < 2) return 1;
+  return static_cast<int>(std::min<int64_t>(t, num_threads()));
+}
+
+void parallel_ranges(int64_t n, int64_t grain, int threads, RangeFn fn, void* ctx) {
+  if (n <= 0) return;
+  if (grain < 1) grain = 1;
+  int64_t units = (n + grain - 1) / grain;
+  int t = static_cast<int>(std::min<int64_t>(std::max(threads, 1), units));
+  if (t <= 1) {
+    fn(ctx, 0, n);
+    return;
+  }
+#pragma omp parallel num_threads(t)
+  {
+    int id = omp_get_thread_num();
+    int nt = omp_get_num_threads();
+    int64_t u0 = units * id / nt, u1 = units * (id + 1) / nt;
+    int64_t b = u0 * grain, e = std::min(n, u1 * grain);
+    if (b < e) fn(ctx, b, e);
+  }
+}
+
+void parallel_tasks(int64_t ntasks, int threads, RangeFn fn, void* ctx) {
+  if (ntasks <= 0) return;
+  int t = static_cast<int>(std::min<int64_t>(std::max(threads, 1), ntasks));
+  if (t <= 1) {
+    fn(ctx, 0, ntasks);
+    return;
+  }
+#pragma omp parallel for num_threads(t) schedule(dynamic, 1)
+  for (int64_t i = 0; i < ntasks; ++i) fn(ctx, i, i + 1);
+}
+
+}  // namespace plk
+
+// C entry points for Python (ctypes): thread count and a read-bandwidth probe for the benchmark.
+extern "C" {
+void plk_set_num_threads(int n) { plk::set_num_threads(n); }
+int plk_num_threads() { return plk::num_threads(); }
+int plk_cpu_has_avx2_fma() { return plk::cpu_has_avx2_fma() ? 1 : 0; }
+}

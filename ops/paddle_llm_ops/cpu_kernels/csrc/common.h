@@ -1,0 +1,40 @@
+// Shared helpers of the CPU decode kernels. This header (and the kernel .cc files) include no
+// Paddle header: only ops.cc does, so the kernels compile in about a second each.
+//
+// ISA: every AVX2 function carries PLK_AVX2 (GCC's target attribute), so the shared library is
+// built for plain x86-64 and runs anywhere; an AVX2 function is entered only when the caller asked
+// for Isa::kAvx2Fma, and ops.cc refuses that request on a CPU without AVX2+FMA (cpu_has_avx2_fma).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#define PLK_AVX2 __attribute__((target("avx2,fma")))
+
+namespace plk {
+
+enum class Isa : int { kGeneric = 0, kAvx2Fma = 1 };
+
+// True when the CPU and the OS (XSAVE state) support AVX2 and FMA (GCC's __builtin_cpu_supports).
+bool cpu_has_avx2_fma();
+
+// Threads the kernels may use (>= 1): set_num_threads() if called with n >= 1, else the CPUs in
+// this process's affinity mask.
+int num_threads();
+void set_num_threads(int n);
+
+// Runs fn(ctx, begin, end) over [0, n) split into at most `threads` contiguous ranges whose starts
+// are multiples of `grain` (the last range takes the rest). threads <= 1 or a single range: runs on
+// the calling thread, no OpenMP region.
+typedef void (*RangeFn)(void* ctx, int64_t begin, int64_t end);
+void parallel_ranges(int64_t n, int64_t grain, int threads, RangeFn fn, void* ctx);
+
+// Runs fn(ctx, task, task + 1) for every task in [0, ntasks), tasks handed out dynamically
+// (ragged work such as attention over contexts of different lengths).
+void parallel_tasks(int64_t ntasks, int threads, RangeFn fn, void* ctx);
+
+// Threads worth using for `work_bytes` of memory traffic (or comparable work): 1 below the
+// threshold, else min(num_threads(), work_bytes / threshold).
+int threads_for(int64_t work, int64_t threshold);
+
+}  // namespace plk

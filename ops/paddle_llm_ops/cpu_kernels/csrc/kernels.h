@@ -1,0 +1,54 @@
+// Plain C++ entry points of the kernels (no Paddle types). Shapes are row-major and contiguous;
+// ops.cc checks shapes, dtypes and index bounds before calling these.
+#pragma once
+
+#include <cstdint>
+
+#include "common.h"
+
+namespace plk {
+
+float hsum8_(const float* lanes);  // ((l0+l4)+(l2+l6))+((l1+l5)+(l3+l7))
+
+// y [B, N] = x [B, K] . w [N, K]^T (+ bias [N]).
+void gemv_f32(Isa isa, const float* x, const float* w, const float* bias, float* y, int64_t B, int64_t N,
+              int64_t K);
+// y [B, N] = (x [B, K] . q [N, K]^T) * scale [N] (+ bias [N]).
+void gemv_int8(Isa isa, const float* x, const int8_t* q, const float* scale, const float* bias, float* y,
+               int64_t B, int64_t N, int64_t K);
+void quantize_int8_rows(const float* w, int8_t* q, float* scale, int64_t N, int64_t K);
+
+// y = x / sqrt(mean(x^2) + eps) * w over rows of H; with residual: s = x + residual is written to
+// sum_out and normalized.
+void rms_norm(Isa isa, const float* x, const float* residual, const float* w, float eps, float* y, float* sum_out,
+              int64_t T, int64_t H);
+
+struct RotaryKvArgs {
+  const float* qkv;        // [T, (nh + 2 kvh) * d]
+  const int64_t* positions;  // [T]
+  const float* cos;        // [P, d]
+  const float* sin;        // [P, d]
+  const int64_t* slots;    // [T]
+  const float* q_norm;     // [d] or null (per-head RMSNorm of q before rotation)
+  const float* k_norm;     // [d] or null
+  float eps;
+  float* q_out;            // [T, nh, d]
+  float* k_cache;          // [kvh, S, d]
+  float* v_cache;          // [kvh, S, d]
+  int64_t T, nh, kvh, d, S;
+};
+void rotary_kv_write(Isa isa, const RotaryKvArgs& a);
+
+struct DecodeAttnArgs {
+  const float* q;          // [B, nh, d]
+  const float* k_cache;    // [kvh, S, d]
+  const float* v_cache;
+  const int32_t* block_tables;  // [B, max_blocks]
+  const int32_t* context_lens;  // [B]
+  float* out;              // [B, nh * d]
+  int64_t B, nh, kvh, d, S, max_blocks, block_size;
+  float scale;
+};
+void paged_decode_attention(Isa isa, const DecodeAttnArgs& a);
+
+}  // namespace plk

@@ -1,0 +1,317 @@
+// Paddle custom-op registrations of the CPU decode kernels (the only file that includes Paddle).
+//
+// Every op takes the attribute `isa` ("avx2_fma" | "generic"): the Python side chooses it (the
+// platform layer decides from the CPU's flags); an "avx2_fma" request on a CPU without AVX2+FMA is
+// refused here with an error instead of running into SIGILL. All tensors must be dense, contiguous
+// and on the CPU place; shapes, dtypes and index bounds are checked before any kernel runs (a bad
+// slot or block id raises instead of writing outside the cache).
+#include <string>
+#include <vector>
+
+#include "kernels.h"
+#include "paddle/extension.h"
+
+namespace {
+
+using paddle::DataType;
+using paddle::Tensor;
+
+plk::Isa parse_isa(const std::string& isa) {
+  if (isa == "generic") return plk::Isa::kGeneric;
+  if (isa == "avx2_fma") {
+    PD_CHECK(plk::cpu_has_avx2_fma(),
+             "isa 'avx2_fma' requested but this CPU (or OS) does not support AVX2 and FMA; use 'generic'");
+    return plk::Isa::kAvx2Fma;
+  }
+  PD_THROW("unknown isa '", isa, "' (expected 'avx2_fma' or 'generic')");
+}
+
+void check_tensor(const Tensor& t, const char* name, DataType dtype, size_t ndim) {
+  PD_CHECK(t.is_cpu(), name, " must be on the CPU place");
+  PD_CHECK(t.is_dense_tensor(), name, " must be a dense tensor");
+  PD_CHECK(t.dtype() == dtype, name, " has dtype ", t.dtype(), ", expected ", dtype);
+  PD_CHECK(t.shape().size() == ndim, name, " must have ", ndim, " dims, got ", t.shape().size());
+  PD_CHECK(t.is_contiguous(), name, " must be contiguous");
+}
+
+const float* optional_vector(const paddle::optional<Tensor>& t, const char* name, int64_t n) {
+  if (!t) return nullptr;
+  check_tensor(*t, name, DataType::FLOAT32, 1);
+  PD_CHECK(t->shape()[0] == n, name, " has ", t->shape()[0], " elements, expected ", n);
+  return t->data<float>();
+}
+
+// ------------------------------------------------------------------------------------------ GEMV
+std::vector<Tensor> Gemv(const Tensor& x, const Tensor& w, const paddle::optional<Tensor>& bias,
+                         const std::string& isa) {
+  plk::Isa i = parse_isa(isa);
+  check_tensor(x, "x", DataType::FLOAT32, 2);
+  check_tensor(w, "w", DataType::FLOAT32, 2);
+  const int64_t B = x.shape()[0], K = x.shape()[1], N = w.shape()[0];
+  PD_CHECK(w.shape()[1] == K, "w must be [N, K] with K = x.shape[1] = ", K, ", got [", N, ", ", w.shape()[1], "]");
+  const float* b = optional_vector(bias, "bias", N);
+  Tensor y = paddle::empty({B, N}, DataType::FLOAT32, paddle::CPUPlace());
+  plk::gemv_f32(i, x.data<float>(), w.data<float>(), b, y.data<float>(), B, N, K);
+  return {y};
+}
+
+std::vector<Tensor> GemvInt8(const Tensor& x, const Tensor& q, const Tensor& scale,
+                             const paddle::optional<Tensor>& bias, const std::string& isa) {
+  plk::Isa i = parse_isa(isa);
+  check_tensor(x, "x", DataType::FLOAT32, 2);
+  check_tensor(q, "q", DataType::INT8, 2);
+  check_tensor(scale, "scale", DataType::FLOAT32, 1);
+  const int64_t B = x.shape()[0], K = x.shape()[1], N = q.shape()[0];
+  PD_CHECK(q.shape()[1] == K, "q must be [N, K] with K = x.shape[1] = ", K, ", got [", N, ", ", q.shape()[1], "]");
+  PD_CHECK(scale.shape()[0] == N, "scale must be [N] with N = ", N, ", got [", scale.shape()[0], "]");
+  const float* b = optional_vector(bias, "bias", N);
+  Tensor y = paddle::empty({B, N}, DataType::FLOAT32, paddle::CPUPlace());
+  plk::gemv_int8(i, x.data<float>(), q.data<int8_t>(), scale.data<float>(), b, y.data<float>(), B, N, K);
+  return {y};
+}
+
+std::vector<Tensor> QuantizeInt8(const Tensor& w) {
+  check_tensor(w, "w", DataType::FLOAT32, 2);
+  const int64_t N = w.shape()[0], K = w.shape()[1];
+  Tensor q = paddle::empty({N, K}, DataType::INT8, paddle::CPUPlace());
+  Tensor s = paddle::empty({N}, DataType::FLOAT32, paddle::CPUPlace());
+  plk::quantize_int8_rows(w.data<float>(), q.data<int8_t>(), s.data<float>(), N, K);
+  return {q, s};
+}
+
+// --------------------------------------------------------------------------------------- RMSNorm
+std::vector<Tensor> RmsNorm(const Tensor& x, const Tensor& w, float eps, const std::string& isa) {
+  plk::Isa i = parse_isa(isa);
+  check_tensor(x, "x", DataType::FLOAT32, 2);
+  const int64_t T = x.shape()[0], H = x.shape()[1];
+  check_tensor(w, "weight", DataType::FLOAT32, 1);
+  PD_CHECK(w.shape()[0] == H, "weight must be [", H, "], got [", w.shape()[0], "]");
+  Tensor y = paddle::empty({T, H}, DataType::FLOAT32, paddle::CPUPlace());
+  plk::rms_norm(i, x.data<float>(), nullptr, w.data<float>(), eps, y.data<float>(), nullptr, T, H);
+  return {y};
+}
+
+std::vector<Tensor> AddRmsNorm(const Tensor& x, const Tensor& residual, const Tensor& w, float eps,
+                               const std::string& isa) {
+  plk::Isa i = parse_isa(isa);
+  check_tensor(x, "x", DataType::FLOAT32, 2);
+  check_tensor(residual, "residual", DataType::FLOAT32, 2);
+  const int64_t T = x.shape()[0], H = x.shape()[1];
+  PD_CHECK(residual.shape()[0] == T && residual.shape()[1] == H, "residual must have the shape of x [", T, ", ", H,
+           "]");
+  check_tensor(w, "weight", DataType::FLOAT32, 1);
+  PD_CHECK(w.shape()[0] == H, "weight must be [", H, "], got [", w.shape()[0], "]");
+  Tensor y = paddle::empty({T, H}, DataType::FLOAT32, paddle::CPUPlace());
+  Tensor s = paddle::empty({T, H}, DataType::FLOAT32, paddle::CPUPlace());
+  plk::rms_norm(i, x.data<float>(), residual.data<float>(), w.data<float>(), eps, y.data<float>(), s.data<float>(),
+                T, H);
+  return {y, s};
+}
+
+// ---------------------------------------------------------------------------- rotary + KV write
+void check_cache(const Tensor& c, const char* name, int64_t kvh, int64_t d) {
+  check_tensor(c, name, DataType::FLOAT32, 3);
+  PD_CHECK(c.shape()[0] == kvh && c.shape()[2] == d, name, " must be [num_kv_heads=", kvh, ", slots, head_dim=", d,
+           "], got [", c.shape()[0], ", ", c.shape()[1], ", ", c.shape()[2], "]");
+}
+
+std::vector<Tensor> RotaryKv(const Tensor& qkv, const Tensor& positions, const Tensor& cos, const Tensor& sin,
+                             Tensor& k_cache, Tensor& v_cache, const Tensor& slot_mapping,
+                             const paddle::optional<Tensor>& q_norm, const paddle::optional<Tensor>& k_norm,
+                             int num_heads, int num_kv_heads, float eps, const std::string& isa) {
+  plk::Isa i = parse_isa(isa);
+  PD_CHECK(num_heads > 0 && num_kv_heads > 0, "num_heads and num_kv_heads must be positive");
+  check_tensor(qkv, "qkv", DataType::FLOAT32, 2);
+  check_tensor(cos, "cos", DataType::FLOAT32, 2);
+  check_tensor(sin, "sin", DataType::FLOAT32, 2);
+  const int64_t T = qkv.shape()[0], d = cos.shape()[1], P = cos.shape()[0];
+  PD_CHECK(sin.shape()[0] == P && sin.shape()[1] == d, "sin must have the shape of cos [", P, ", ", d, "]");
+  PD_CHECK(d % 2 == 0 && d <= 1024, "head_dim must be even and <= 1024, got ", d);
+  PD_CHECK(qkv.shape()[1] == (num_heads + 2 * num_kv_heads) * d, "qkv must be [T, (num_heads + 2 * num_kv_heads) * ",
+           d, "] = [T, ", (num_heads + 2 * num_kv_heads) * d, "], got [T, ", qkv.shape()[1], "]");
+  check_tensor(positions, "positions", DataType::INT64, 1);
+  check_tensor(slot_mapping, "slot_mapping", DataType::INT64, 1);
+  PD_CHECK(positions.shape()[0] == T && slot_mapping.shape()[0] == T, "positions and slot_mapping must be [T=", T,
+           "]");
+  check_cache(k_cache, "k_cache", num_kv_heads, d);
+  check_cache(v_cache, "v_cache", num_kv_heads, d);
+  const int64_t S = k_cache.shape()[1];
+  PD_CHECK(v_cache.shape()[1] == S, "k_cache and v_cache must have the same number of slots");
+  const int64_t* pos = positions.data<int64_t>();
+  const int64_t* slots = slot_mapping.data<int64_t>();
+  for (int64_t t = 0; t < T; ++t) {
+    PD_CHECK(pos[t] >= 0 && pos[t] < P, "positions[", t, "] = ", pos[t], " outside the rotary table [0, ", P, ")");
+    PD_CHECK(slots[t] >= 0 && slots[t] < S, "slot_mapping[", t, "] = ", slots[t], " outside the cache [0, ", S, ")");
+  }
+  plk::RotaryKvArgs a{};
+  a.qkv = qkv.data<float>();
+  a.positions = pos;
+  a.cos = cos.data<float>();
+  a.sin = sin.data<float>();
+  a.slots = slots;
+  a.q_norm = optional_vector(q_norm, "q_norm", d);
+  a.k_norm = optional_vector(k_norm, "k_norm", d);
+  PD_CHECK((a.q_norm == nullptr) == (a.k_norm == nullptr), "give both q_norm and k_norm or neither");
+  a.eps = eps;
+  Tensor q_out = paddle::empty({T, num_heads, d}, DataType::FLOAT32, paddle::CPUPlace());
+  a.q_out = q_out.data<float>();
+  a.k_cache = k_cache.data<float>();
+  a.v_cache = v_cache.data<float>();
+  a.T = T;
+  a.nh = num_heads;
+  a.kvh = num_kv_heads;
+  a.d = d;
+  a.S = S;
+  plk::rotary_kv_write(i, a);
+  return {q_out, k_cache, v_cache};
+}
+
+// ------------------------------------------------------------------------ paged decode attention
+std::vector<Tensor> DecodeAttention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                    const Tensor& block_tables, const Tensor& context_lens, float scale,
+                                    int block_size, const std::string& isa) {
+  plk::Isa i = parse_isa(isa);
+  check_tensor(q, "q", DataType::FLOAT32, 3);
+  const int64_t B = q.shape()[0], nh = q.shape()[1], d = q.shape()[2];
+  check_tensor(k_cache, "k_cache", DataType::FLOAT32, 3);
+  const int64_t kvh = k_cache.shape()[0], S = k_cache.shape()[1];
+  check_cache(k_cache, "k_cache", kvh, d);
+  check_cache(v_cache, "v_cache", kvh, d);
+  PD_CHECK(v_cache.shape()[1] == S, "k_cache and v_cache must have the same number of slots");
+  PD_CHECK(nh % kvh == 0, "num_heads ", nh, " is not a multiple of num_kv_heads ", kvh);
+  PD_CHECK(nh / kvh <= 16, "at most 16 query heads per KV head, got ", nh / kvh);
+  PD_CHECK(block_size > 0 && S % block_size == 0, "block_size ", block_size, " must divide the cache slots ", S);
+  check_tensor(block_tables, "block_tables", DataType::INT32, 2);
+  check_tensor(context_lens, "context_lens", DataType::INT32, 1);
+  PD_CHECK(block_tables.shape()[0] == B && context_lens.shape()[0] == B, "block_tables [B, max_blocks] and ",
+           "context_lens [B] must have B = ", B, " rows");
+  const int64_t max_blocks = block_tables.shape()[1], num_blocks = S / block_size;
+  const int32_t* bt = block_tables.data<int32_t>();
+  const int32_t* lens = context_lens.data<int32_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    PD_CHECK(lens[b] >= 0 && lens[b] <= max_blocks * block_size, "context_lens[", b, "] = ", lens[b],
+             " outside [0, max_blocks * block_size = ", max_blocks * block_size, "]");
+    for (int64_t j = 0; j * block_size < lens[b]; ++j)
+      PD_CHECK(bt[b * max_blocks + j] >= 0 && bt[b * max_blocks + j] < num_blocks, "block_tables[", b, ", ", j,
+               "] = ", bt[b * max_blocks + j], " outside the cache's blocks [0, ", num_blocks, ")");
+  }
+  Tensor out = paddle::empty({B, nh * d}, DataType::FLOAT32, paddle::CPUPlace());
+  plk::DecodeAttnArgs a{};
+  a.q = q.data<float>();
+  a.k_cache = k_cache.data<float>();
+  a.v_cache = v_cache.data<float>();
+  a.block_tables = bt;
+  a.context_lens = lens;
+  a.out = out.data<float>();
+  a.B = B;
+  a.nh = nh;
+  a.kvh = kvh;
+  a.d = d;
+  a.S = S;
+  a.max_blocks = max_blocks;
+  a.block_size = block_size;
+  a.scale = scale;
+  plk::paged_decode_attention(i, a);
+  return {out};
+}
+
+// ------------------------------------------------------------------- shape / dtype inference
+using Shapes = std::vector<std::vector<int64_t>>;
+using Dtypes = std::vector<DataType>;
+
+Shapes GemvShape(const std::vector<int64_t>& x, const std::vector<int64_t>& w, const paddle::optional<std::vector<int64_t>>&) {
+  return {{x[0], w[0]}};
+}
+Dtypes GemvDtype(const DataType& x, const DataType&, const paddle::optional<DataType>&) { return {DataType::FLOAT32}; }
+Shapes GemvInt8Shape(const std::vector<int64_t>& x, const std::vector<int64_t>& q, const std::vector<int64_t>&,
+                     const paddle::optional<std::vector<int64_t>>&) {
+  return {{x[0], q[0]}};
+}
+Dtypes GemvInt8Dtype(const DataType&, const DataType&, const DataType&, const paddle::optional<DataType>&) {
+  return {DataType::FLOAT32};
+}
+Shapes QuantShape(const std::vector<int64_t>& w) { return {w, {w[0]}}; }
+Dtypes QuantDtype(const DataType&) { return {DataType::INT8, DataType::FLOAT32}; }
+Shapes NormShape(const std::vector<int64_t>& x, const std::vector<int64_t>&) { return {x}; }
+Dtypes NormDtype(const DataType&, const DataType&) { return {DataType::FLOAT32}; }
+Shapes AddNormShape(const std::vector<int64_t>& x, const std::vector<int64_t>&, const std::vector<int64_t>&) {
+  return {x, x};
+}
+Dtypes AddNormDtype(const DataType&, const DataType&, const DataType&) { return {DataType::FLOAT32, DataType::FLOAT32}; }
+Shapes RotaryShape(const std::vector<int64_t>& qkv, const std::vector<int64_t>&, const std::vector<int64_t>& cos,
+                   const std::vector<int64_t>&, const std::vector<int64_t>& kc, const std::vector<int64_t>& vc,
+                   const std::vector<int64_t>&, const paddle::optional<std::vector<int64_t>>&,
+                   const paddle::optional<std::vector<int64_t>>&, int num_heads, int, float, const std::string&) {
+  return {{qkv[0], num_heads, cos[1]}, kc, vc};
+}
+Dtypes RotaryDtype(const DataType&, const DataType&, const DataType&, const DataType&, const DataType&,
+                   const DataType&, const DataType&, const paddle::optional<DataType>&,
+                   const paddle::optional<DataType>&) {
+  return {DataType::FLOAT32, DataType::FLOAT32, DataType::FLOAT32};
+}
+Shapes AttnShape(const std::vector<int64_t>& q, const std::vector<int64_t>&, const std::vector<int64_t>&,
+                 const std::vector<int64_t>&, const std::vector<int64_t>&) {
+  return {{q[0], q[1] * q[2]}};
+}
+Dtypes AttnDtype(const DataType&, const DataType&, const DataType&, const DataType&, const DataType&) {
+  return {DataType::FLOAT32};
+}
+
+}  // namespace
+
+PD_BUILD_OP(plk_gemv)
+    .Inputs({"X", "W", paddle::Optional("Bias")})
+    .Outputs({"Y"})
+    .Attrs({"isa: std::string"})
+    .SetKernelFn(PD_KERNEL(Gemv))
+    .SetInferShapeFn(PD_INFER_SHAPE(GemvShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(GemvDtype));
+
+PD_BUILD_OP(plk_gemv_int8)
+    .Inputs({"X", "Q", "Scale", paddle::Optional("Bias")})
+    .Outputs({"Y"})
+    .Attrs({"isa: std::string"})
+    .SetKernelFn(PD_KERNEL(GemvInt8))
+    .SetInferShapeFn(PD_INFER_SHAPE(GemvInt8Shape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(GemvInt8Dtype));
+
+PD_BUILD_OP(plk_quantize_int8)
+    .Inputs({"W"})
+    .Outputs({"Q", "Scale"})
+    .SetKernelFn(PD_KERNEL(QuantizeInt8))
+    .SetInferShapeFn(PD_INFER_SHAPE(QuantShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(QuantDtype));
+
+PD_BUILD_OP(plk_rms_norm)
+    .Inputs({"X", "Weight"})
+    .Outputs({"Y"})
+    .Attrs({"eps: float", "isa: std::string"})
+    .SetKernelFn(PD_KERNEL(RmsNorm))
+    .SetInferShapeFn(PD_INFER_SHAPE(NormShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(NormDtype));
+
+PD_BUILD_OP(plk_add_rms_norm)
+    .Inputs({"X", "Residual", "Weight"})
+    .Outputs({"Y", "Sum"})
+    .Attrs({"eps: float", "isa: std::string"})
+    .SetKernelFn(PD_KERNEL(AddRmsNorm))
+    .SetInferShapeFn(PD_INFER_SHAPE(AddNormShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(AddNormDtype));
+
+PD_BUILD_OP(plk_rotary_kv)
+    .Inputs({"Qkv", "Positions", "Cos", "Sin", "KCache", "VCache", "SlotMapping", paddle::Optional("QNorm"),
+             paddle::Optional("KNorm")})
+    .Outputs({"QOut", "KCacheOut", "VCacheOut"})
+    .Attrs({"num_heads: int", "num_kv_heads: int", "eps: float", "isa: std::string"})
+    .SetInplaceMap({{"KCache", "KCacheOut"}, {"VCache", "VCacheOut"}})
+    .SetKernelFn(PD_KERNEL(RotaryKv))
+    .SetInferShapeFn(PD_INFER_SHAPE(RotaryShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(RotaryDtype));
+
+PD_BUILD_OP(plk_decode_attention)
+    .Inputs({"Q", "KCache", "VCache", "BlockTables", "ContextLens"})
+    .Outputs({"Out"})
+    .Attrs({"scale: float", "block_size: int", "isa: std::string"})
+    .SetKernelFn(PD_KERNEL(DecodeAttention))
+    .SetInferShapeFn(PD_INFER_SHAPE(AttnShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(AttnDtype));
