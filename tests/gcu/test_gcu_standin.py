@@ -42,6 +42,25 @@ def weight_bytes(model_dir: str) -> int:
     return n
 
 
+# -- the build ----------------------------------------------------------------------------------------
+def test_plugin_build_is_cached_and_a_compile_error_carries_the_compiler_text(standin_plugin_dir, tmp_path):
+    import time
+
+    from gcu_helpers import standin_build
+
+    t0 = time.monotonic()
+    again = standin_build.build_plugin()
+    assert again == standin_plugin_dir and time.monotonic() - t0 < 2.0  # cached by source hash
+    assert [p.name for p in again.iterdir()] == [standin_build.LIB_NAME]  # CUSTOM_DEVICE_ROOT loads every *.so
+    bad = tmp_path / "bad.cc"
+    bad.write_text('#include "paddle/phi/backends/device_ext.h"\nvoid InitPlugin(CustomRuntimeParams* p) { oops; }\n')
+    with pytest.raises(standin_build.PluginBuildError) as e:
+        standin_build.build_plugin(build_root=tmp_path / "b", source=bad)
+    text = str(e.value)  # the compiler's own diagnostic (its quotes depend on the locale)
+    assert "oops" in text and "was not declared" in text and "bad.cc" in text
+    assert not (tmp_path / "b").exists() or not any((tmp_path / "b").iterdir())
+
+
 # -- a. the plug-in itself -------------------------------------------------------------------------
 def test_plugin_loads_two_devices_exact_round_trip_and_accounted_memory(child, standin_plugin_dir):
     total_mb = 512
@@ -97,6 +116,8 @@ def test_engine_on_gcu_gives_cpu_greedy_tokens(child, standin_plugin_dir, standi
     assert g["texts"] == cpu["texts"]
     # the engine says in its log that this is the stand-in, not a GCU
     assert re.search(r"stand-in", gcu.stderr, re.I) and "not an Enflame GCU" in gcu.stderr
+    # the child's env has no FLAGS_use_stride_kernel: the engine decides it for the place, and says so
+    assert "FLAGS_use_stride_kernel" in gcu.stderr
     # the KV cache and the weights live on gcu:0, nothing on gcu:1
     assert g["plugin_used_after_start"] >= 64 * kv_bytes_per_block(gcu_tiny_model_dir)
     assert g["plugin_used_other_device"] == 0
