@@ -135,6 +135,7 @@ def test_kv_blocks_from_memory_fraction_of_the_reported_total(child, standin_plu
     assert r["device"] == f"gcu:{device_id}" and r["runner_class"] == "GCUModelRunner"
     bpb = kv_bytes_per_block(gcu_tiny_model_dir)
     assert r["kv_dtype"] == "float32" and r["kv_bytes_per_block"] == bpb
+    assert "reserved_before_kv" in r, "gcu_child could not hook ModelRunnerBase._allocate_kv_cache (renamed?)"
     reserved = r["reserved_before_kv"]  # read on the device just before the KV cache was allocated
     assert reserved == r["plugin_used_before_kv"]  # Paddle's count is the plug-in's count
     assert weight_bytes(gcu_tiny_model_dir) <= reserved < weight_bytes(gcu_tiny_model_dir) + 16 * MIB
