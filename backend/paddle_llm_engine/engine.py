@@ -84,7 +84,11 @@ class LLMEngine:
             raise InvalidRequestError(
                 "text_input", f"the prompt has {n} tokens; max_model_len is {limit}, which leaves no room "
                               f"for output (the prompt must be at most {limit - 1} tokens)")
-        params.validate(self.model_config.vocab_size)
+        vocab = self.model_config.vocab_size
+        bad = [t for t in (min(prompt_token_ids), max(prompt_token_ids)) if not 0 <= t < vocab]
+        if bad:  # the embedding lookup would fail the whole step, and with it every request in flight
+            raise InvalidRequestError("input_ids", f"token id {bad[0]} outside the vocabulary [0, {vocab})")
+        params.validate(vocab)
         if params.bad_words and not params.bad_words_ids:
             params.bad_words_ids = [list(self.tokenizer.encode(w, add_special_tokens=False)) for w in params.bad_words]
         max_tokens = params.max_tokens if params.max_tokens is not None else limit - n

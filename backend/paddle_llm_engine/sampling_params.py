@@ -60,18 +60,10 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
 
-    def validate_ranges_before_defaults(self) -> None:
-        """Checks that must see the client's own values, before contract defaults rewrite them
-        (TensorRT-LLM's greedy default overwrites temperature). Raises InvalidRequestError."""
-        if not (self.temperature >= 0.0):
-            raise InvalidRequestError("temperature", f"must be >= 0, got {self.temperature}")
-        if not (0.0 <= self.top_p <= 1.0):
-            raise InvalidRequestError("top_p", f"must be in (0, 1] (0 = off in this contract), got {self.top_p}")
-        if self.top_k < 0:
-            raise InvalidRequestError("top_k", f"must be >= 0, got {self.top_k}")
-
     def validate(self, vocab_size: int) -> None:
-        """Raise InvalidRequestError naming the first bad field."""
+        """The engine's rules, which are also the vLLM-backend contract's (the Triton adapter's
+        TensorRT-LLM contract states where it differs). Raises InvalidRequestError naming the first
+        bad field; token ids must be in [0, vocab_size)."""
         if not (self.temperature >= 0.0):
             raise InvalidRequestError("temperature", f"must be >= 0, got {self.temperature}")
         if self.top_k < -1:

@@ -179,6 +179,11 @@ def test_invalid_requests_rejected(engine):
     with pytest.raises(InvalidRequestError) as ei:
         engine.add_request("x", prompt(4), SamplingParams(top_p=2.0))
     assert ei.value.field == "top_p"
+    vocab = engine.model_config.vocab_size
+    for bad in (vocab, -1):  # would fail the model's embedding lookup, and so the whole step
+        with pytest.raises(InvalidRequestError) as ei:
+            engine.add_request("x", prompt(4) + [bad], greedy(4))
+        assert ei.value.field == "input_ids" and str(bad) in str(ei.value)
     assert not engine.has_unfinished_requests()
 
 

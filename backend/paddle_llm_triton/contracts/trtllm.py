@@ -1,22 +1,58 @@
 """The Triton TensorRT-LLM ensemble contract (model `ensemble`): one tensor per parameter
-(max_tokens, top_k, ...), already reduced to Python scalars / lists -> SamplingParams."""
+(max_tokens, top_k, ...), already reduced to Python scalars / lists -> SamplingParams.
+
+Where TensorRT-LLM's rules differ from the engine's (SamplingParams.validate, the vLLM rules), the
+difference is written here, once: top_p 0 is allowed and means "no nucleus filter"; top_k has no
+-1 (0 is off); without top_k and top_p (or both 0) decoding is greedy whatever the temperature;
+beam search parameters only take their no-op values. Every other range is the engine's own rule,
+checked on the client's values before the greedy default rewrites the temperature.
+"""
 
 from __future__ import annotations
 
 from paddle_llm_engine.errors import InvalidRequestError
 from paddle_llm_engine.sampling_params import SamplingParams
+from paddle_llm_triton import tensors as T
+
+INT_TENSORS = ("max_tokens", "top_k", "end_id", "pad_id", "min_tokens", "min_length", "beam_width",
+               "num_return_sequences", "seed", "random_seed")
+FLOAT_TENSORS = ("top_p", "temperature", "repetition_penalty", "presence_penalty", "frequency_penalty",
+                 "length_penalty")
+STRING_LIST_TENSORS = ("stop_words", "bad_words")
+
+# tensor -> (SamplingParams attribute, type); the pairs seed / random_seed and min_tokens /
+# min_length are TensorRT-LLM's two names of one parameter
+_SCALARS = (
+    ("max_tokens", "max_tokens", int), ("temperature", "temperature", float), ("top_k", "top_k", int),
+    ("top_p", "top_p", float), ("seed", "seed", int), ("random_seed", "seed", int),
+    ("min_tokens", "min_tokens", int), ("min_length", "min_tokens", int),
+    ("repetition_penalty", "repetition_penalty", float), ("presence_penalty", "presence_penalty", float),
+    ("frequency_penalty", "frequency_penalty", float),
+)
 
 
-def from_trtllm_tensors(values: dict) -> SamplingParams:
-    """Map TensorRT-LLM ensemble inputs (already reduced to Python scalars / lists) to params.
+def tensor_values(request) -> dict:
+    """The parameter tensors a request carries -> {name: Python value} (absent ones left out; empty
+    stop_words / bad_words too). Raises InvalidRequestError naming a tensor of the wrong shape or type."""
+    values = {}
+    for names, read in ((INT_TENSORS, T.get_int), (FLOAT_TENSORS, T.get_float),
+                        (STRING_LIST_TENSORS, T.get_str_list)):
+        for name in names:
+            v = read(request, name)
+            if v is not None and v != []:
+                values[name] = v
+    return values
 
-    Defaults follow TensorRT-LLM, not vLLM: without top_k and top_p (or both 0) decoding is greedy;
-    top_p 0 means no nucleus filter. Accepted keys: max_tokens, temperature, top_k, top_p, seed / random_seed, min_tokens /
+
+def from_trtllm_tensors(values: dict, vocab_size: int) -> SamplingParams:
+    """Map TensorRT-LLM ensemble inputs (already reduced to Python scalars / lists) to validated params.
+
+    Accepted keys: max_tokens, temperature, top_k, top_p, seed / random_seed, min_tokens /
     min_length, repetition_penalty, presence_penalty, frequency_penalty, end_id, stop_words,
-    beam_width (1 only), num_return_sequences (1 only), length_penalty (1.0 only: it only acts in
-    beam search). Raises InvalidRequestError naming the tensor.
+    bad_words, beam_width (1 only), num_return_sequences (1 only), length_penalty (1.0 only: it only
+    acts in beam search). vocab_size: the model's (config.json), bounds end_id. Raises
+    InvalidRequestError naming the tensor.
     """
-    p = SamplingParams()
     if "beam_width" in values and int(values["beam_width"]) != 1:
         raise InvalidRequestError("beam_width", f"only 1 is supported (beam search is not implemented), "
                                                 f"got {values['beam_width']}")
@@ -28,26 +64,23 @@ def from_trtllm_tensors(values: dict) -> SamplingParams:
         raise InvalidRequestError("seed", "seed and random_seed both given with different values")
     if "min_tokens" in values and "min_length" in values and int(values["min_tokens"]) != int(values["min_length"]):
         raise InvalidRequestError("min_tokens", "min_tokens and min_length both given with different values")
-    for key, attr, conv in (
-        ("max_tokens", "max_tokens", int), ("temperature", "temperature", float), ("top_k", "top_k", int),
-        ("top_p", "top_p", float), ("seed", "seed", int), ("random_seed", "seed", int),
-        ("min_tokens", "min_tokens", int), ("min_length", "min_tokens", int),
-        ("repetition_penalty", "repetition_penalty", float), ("presence_penalty", "presence_penalty", float),
-        ("frequency_penalty", "frequency_penalty", float),
-    ):
+    p = SamplingParams()
+    for key, attr, conv in _SCALARS:
         if key in values:
             setattr(p, attr, conv(values[key]))
-    p.validate_ranges_before_defaults()
-    # TensorRT-LLM semantics: top_p 0 means "no nucleus filter", and with neither top_k nor top_p
-    # set the runtime decodes greedily whatever the temperature.
-    if p.top_p == 0.0:
-        p.top_p = 1.0
-    if values.get("top_k", 0) == 0 and values.get("top_p", 0.0) == 0.0:
-        p.temperature = 0.0
     if "end_id" in values:
         p.eos_token_ids = [int(values["end_id"])]
     if values.get("stop_words"):
         p.stop = [s for s in values["stop_words"] if s]
     if values.get("bad_words"):
         p.bad_words = [s for s in values["bad_words"] if s]
+    if p.top_k < 0:
+        raise InvalidRequestError("top_k", f"must be >= 0 (0 = off), got {p.top_k}")
+    if not (0.0 <= p.top_p <= 1.0):
+        raise InvalidRequestError("top_p", f"must be in [0, 1] (0 = off), got {p.top_p}")
+    if p.top_p == 0.0:
+        p.top_p = 1.0  # no nucleus filter, in the engine's terms
+    p.validate(vocab_size)
+    if values.get("top_k", 0) == 0 and values.get("top_p", 0.0) == 0.0:
+        p.temperature = 0.0  # TensorRT-LLM decodes greedily without top_k and top_p
     return p

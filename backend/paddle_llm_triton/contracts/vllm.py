@@ -3,7 +3,9 @@
 `sampling_parameters` is a JSON object; clients written for Triton's vLLM backend often send
 numbers as strings ({"temperature": "0.1"}), so numeric strings are converted, strictly. Unknown
 keys and values of the wrong type raise InvalidRequestError naming `sampling_parameters.<key>`;
-nothing is silently dropped or defaulted.
+nothing is silently dropped or defaulted. The ranges of the values are the engine's own rules
+(SamplingParams.validate, which the engine runs when the request is added): vLLM's semantics are
+the engine's, so this contract adds none of its own beyond `n` / `best_of` being 1.
 """
 
 from __future__ import annotations

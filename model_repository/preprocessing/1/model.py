@@ -1,6 +1,6 @@
 """Ensemble step 1: text -> token ids, and the TensorRT-LLM parameter tensors -> one validated
-sampling_parameters JSON for the `llm` step. Bad values fail here with INVALID_ARG naming the
-tensor, before the engine sees the request."""
+sampling_parameters JSON for the `llm` step (the rules: paddle_llm_triton/contracts/trtllm.py). Bad
+values fail here with INVALID_ARG naming the tensor, before the engine sees the request."""
 
 import json
 import logging
@@ -8,26 +8,21 @@ import logging
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from paddle_llm_engine import InvalidRequestError
+from paddle_llm_engine import InvalidRequestError, ModelConfig
 from paddle_llm_engine.tokenizer import encode_prompt, load_tokenizer
 from paddle_llm_triton import tensors as T
 from paddle_llm_triton.config_params import resolve_model_dir
-from paddle_llm_triton.contracts.trtllm import from_trtllm_tensors
+from paddle_llm_triton.contracts import trtllm
 from paddle_llm_triton.contracts.vllm import to_json
 
 log = logging.getLogger("preprocessing")
 
-_INT = ("max_tokens", "top_k", "end_id", "pad_id", "min_tokens", "min_length", "beam_width",
-        "num_return_sequences", "seed", "random_seed")
-_FLOAT = ("top_p", "temperature", "repetition_penalty", "presence_penalty", "frequency_penalty",
-          "length_penalty")
-
 
 class TritonPythonModel:
     def initialize(self, args):
-        cfg = json.loads(args["model_config"])
-        self.tokenizer = load_tokenizer(resolve_model_dir(cfg))
-        self.vocab_size = len(self.tokenizer)
+        model_dir = resolve_model_dir(json.loads(args["model_config"]))
+        self.tokenizer = load_tokenizer(model_dir)
+        self.vocab_size = ModelConfig.from_dir(model_dir).vocab_size  # the engine's bound (config.json)
 
     def execute(self, requests):
         responses = []
@@ -43,23 +38,7 @@ class TritonPythonModel:
         text = T.get_str(request, "text_input")
         if text is None or text == "":
             raise InvalidRequestError("text_input", "required and must not be empty")
-        values = {}
-        for name in _INT:
-            v = T.get_int(request, name)
-            if v is not None:
-                values[name] = v
-        for name in _FLOAT:
-            v = T.get_float(request, name)
-            if v is not None:
-                values[name] = v
-        for name in ("stop_words", "bad_words"):
-            v = T.get_str_list(request, name)
-            if v:
-                values[name] = v
-        params = from_trtllm_tensors(values)
-        if params.max_tokens is not None and params.max_tokens <= 0:
-            raise InvalidRequestError("max_tokens", f"must be >= 1, got {params.max_tokens}")
-        params.validate(self.vocab_size)
+        params = trtllm.from_trtllm_tensors(trtllm.tensor_values(request), self.vocab_size)
         ids = encode_prompt(self.tokenizer, text, chat=bool(T.get_bool(request, "apply_chat_template")))
         if not ids:
             raise InvalidRequestError("text_input", "tokenizes to 0 tokens")
