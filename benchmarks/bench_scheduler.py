@@ -29,7 +29,6 @@ machine: expect noise.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -37,8 +36,6 @@ import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-if importlib.util.find_spec("paddle_llm_engine") is None:  # not pip-installed: use the source tree
-    sys.path[:0] = [str(REPO_ROOT / "backend"), str(REPO_ROOT / "ops")]
 
 SYSTEM_PROMPT = (
     "You are Atlas, the customer support assistant of Northwind Outfitters, an online shop for hiking, "

@@ -4,7 +4,7 @@ load generator at 1 and 8 concurrent streams, print the results, stop the server
     .venv/bin/python benchmarks/bench_server.py [--model llm|ensemble] [--concurrency 1,8]
         [--requests-per-stream 4] [--max-tokens 64] [--no-ignore-eos] [--duration 300] [--json]
 
-The server is started through scripts/launch_triton.py's start_server on free loopback ports (as
+The server is started through paddle_llm_triton.launcher's start_server on free loopback ports (as
 tests/conftest.py does), with model_repository/ and --model-dir (default build/SmolLM2-135M-Instruct);
 its output goes to --server-log (default build/bench-logs/tritonserver.log). Start-up time is from
 process start until /v2/health/ready answers 200 (engine load included).
@@ -21,37 +21,17 @@ level is preceded by --warmup requests that are not measured. After the last lev
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from paddle_llm_triton import launcher
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LOAD_GENERATOR = REPO_ROOT / "client_examples" / "load_generator.py"
 METRICS_SCRAPE = REPO_ROOT / "client_examples" / "metrics_scrape.py"
-
-
-def load_launcher():
-    """scripts/launch_triton.py as a module (scripts/ is not a package)."""
-    name = "launch_triton"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "scripts" / "launch_triton.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def free_ports(launcher, n: int = 3) -> list[int]:
-    ports: list[int] = []
-    while len(ports) < n:
-        p = launcher.free_port()
-        if p not in ports:
-            ports.append(p)
-    return ports
 
 
 def run_level(args, grpc_url: str, concurrency: int, warmup: int) -> dict:
@@ -131,8 +111,7 @@ def main(argv=None) -> int:
         print(f"error: {args.model_dir} has no config.json (run scripts/setup.sh)", file=sys.stderr)
         return 1
 
-    launcher = load_launcher()
-    http_port, grpc_port, metrics_port = free_ports(launcher)
+    http_port, grpc_port, metrics_port = launcher.free_ports(3)
     server = launcher.start_server(args.model_repo, http_port, grpc_port, metrics_port,
                                    model_dir=args.model_dir, log_path=args.server_log)
     print(f"bench_server: tritonserver pid {server.pid} on 127.0.0.1 http {http_port} grpc {grpc_port} "

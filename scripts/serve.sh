@@ -12,11 +12,12 @@
 # is set to a non-empty value, else PADDLE_LLM_MODEL_DIR. So an explicit config value always wins over
 # the environment, and the shipped config leaves it empty so that MODEL_DIR works.
 #
-# scripts/launch_triton.py does the work: venv bin first on PATH (the Python-backend stub finds the
-# venv's site-packages that way), the base interpreter's lib dir first on LD_LIBRARY_PATH, the
-# backend directory build/triton_backends (made by scripts/setup.sh), start-up time until
-# /v2/health/ready, and on Ctrl-C / SIGTERM: SIGTERM to tritonserver (--exit-timeout-secs 5), then after
-# TRITON_KILL_AFTER seconds SIGKILL of the server and its stubs and removal of the shm regions it owned.
+# scripts/launch_triton.py does the work (paddle_llm_triton/launcher): the server's environment (venv
+# bin first on PATH, so that the Python-backend stub finds the venv's site-packages; the base
+# interpreter's lib dir first on LD_LIBRARY_PATH; PADDLE_LLM_MODEL_DIR from --model-dir), the backend
+# directory build/triton_backends (made by scripts/setup.sh), start-up time until /v2/health/ready, and
+# on Ctrl-C / SIGTERM: SIGTERM to tritonserver (--exit-timeout-secs 5), then after TRITON_KILL_AFTER
+# seconds SIGKILL of the server and its stubs and removal of the shm regions it owned.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -31,12 +32,6 @@ if [[ ! -x $PY || ! -e $ROOT/build/triton_backends/python/triton_python_backend_
   echo "serve: run scripts/setup.sh (or make setup) first" >&2
   exit 1
 fi
-
-# DESIGN 4: the venv's bin first on PATH, the interpreter's own lib dir first on LD_LIBRARY_PATH.
-PY_LIBDIR=$("$PY" -c 'import sysconfig, sys, os; print(sysconfig.get_config_var("LIBDIR") or os.path.join(sys.base_prefix, "lib"))')
-export PATH="$VENV/bin:$PATH"
-export LD_LIBRARY_PATH="$PY_LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export PADDLE_LLM_MODEL_DIR="$MODEL_DIR"
 
 cd "$ROOT"
 exec "$PY" "$ROOT/scripts/launch_triton.py" \

@@ -1,16 +1,20 @@
 """Shared fixtures. End-to-end tests take `triton_server` and carry `@pytest.mark.e2e`.
 
+`smollm2_dir` (session scope): the converted SmolLM2-135M-Instruct folder every test directory uses,
+`build/SmolLM2-135M-Instruct` (made by scripts/setup.sh) unless PADDLE_LLM_MODEL_DIR names another
+converted copy; a missing folder is a failure, not a skip.
+
 `triton_server` (session scope) starts the real tritonserver of the nvidia-pytriton wheel through
-scripts/launch_triton.py on free loopback ports, with the repository's `model_repository/` and the
-converted default model `build/SmolLM2-135M-Instruct` (made by scripts/setup.sh), waits until
-/v2/health/ready answers (at most 180 s) and stops it cleanly at the end of the session. Server output
-goes to build/test-logs/tritonserver.log; its tail is shown when start-up fails.
+paddle_llm_triton.launcher on free loopback ports, with the repository's `model_repository/` and that
+model folder, waits until /v2/health/ready answers (at most 180 s) and stops it cleanly at the end of
+the session. Server output goes to build/test-logs/tritonserver.log; its tail is shown when start-up
+fails.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
+import os
 import re
 import shutil
 import sys
@@ -18,23 +22,23 @@ from pathlib import Path
 
 import pytest
 
+from paddle_llm_triton import launcher
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MODEL_REPO = REPO_ROOT / "model_repository"
-MODEL_DIR = REPO_ROOT / "build" / "SmolLM2-135M-Instruct"
+SMOLLM2_DIR = Path(os.environ.get("PADDLE_LLM_MODEL_DIR") or REPO_ROOT / "build" / "SmolLM2-135M-Instruct")
 LOG_PATH = REPO_ROOT / "build" / "test-logs" / "tritonserver.log"
 READY_TIMEOUT_S = 180.0
 
 
-def _load_launcher():
-    """scripts/launch_triton.py as a module (scripts/ is not a package)."""
-    name = "launch_triton"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "scripts" / "launch_triton.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture(scope="session")
+def smollm2_dir() -> str:
+    missing = [n for n in ("config.json", "tokenizer.json", "model.safetensors") if not (SMOLLM2_DIR / n).is_file()]
+    if missing:
+        pytest.fail(f"converted model not found in {SMOLLM2_DIR} (no {', '.join(missing)}): run the project setup "
+                    f"(scripts/setup.sh) or point PADDLE_LLM_MODEL_DIR at a converted SmolLM2-135M-Instruct folder",
+                    pytrace=False)
+    return str(SMOLLM2_DIR)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,17 +58,14 @@ class TritonEndpoints:
     grpc_port: int
     metrics_port: int
     log_path: Path
-    handle: object  # launch_triton.TritonServer
+    handle: object  # paddle_llm_triton.launcher.TritonServer
 
 
 @pytest.fixture(scope="session")
-def triton_server():
-    launcher = _load_launcher()
-    if not (MODEL_DIR / "config.json").is_file():
-        pytest.fail(f"{MODEL_DIR} missing: run scripts/setup.sh (make setup)")
-    http_port, grpc_port, metrics_port = _three_free_ports(launcher)
+def triton_server(smollm2_dir):
+    http_port, grpc_port, metrics_port = launcher.free_ports(3)
     handle = launcher.start_server(MODEL_REPO, http_port, grpc_port, metrics_port,
-                                   model_dir=MODEL_DIR, log_path=LOG_PATH)
+                                   model_dir=smollm2_dir, log_path=LOG_PATH)
     failure = None
     try:
         handle.wait_ready(timeout=READY_TIMEOUT_S)
@@ -89,7 +90,7 @@ def triton_server():
 
 
 @pytest.fixture(scope="module")
-def triton_server_factory(tmp_path_factory):
+def triton_server_factory(tmp_path_factory, smollm2_dir):
     """Start extra servers on an edited copy of model_repository (tests that need another config).
 
     `start(edit, models=None)`: copies model_repository/ into a temporary folder, keeps only `models`
@@ -97,13 +98,10 @@ def triton_server_factory(tmp_path_factory):
     touched), starts tritonserver on free ports with the default model folder, waits until ready and
     returns TritonEndpoints (log_path: the server's log in that folder). Module scope: the servers a
     test module starts are stopped after its last test."""
-    launcher = _load_launcher()
     handles = []
     tmp_path = tmp_path_factory.mktemp("triton")
 
     def start(edit=None, models=None, ready_timeout: float = READY_TIMEOUT_S) -> TritonEndpoints:
-        if not (MODEL_DIR / "config.json").is_file():
-            pytest.fail(f"{MODEL_DIR} missing: run scripts/setup.sh (make setup)")
         repo = tmp_path / f"model_repository_{len(handles)}"
         shutil.copytree(MODEL_REPO, repo, ignore=shutil.ignore_patterns("__pycache__"))
         if models is not None:
@@ -113,8 +111,8 @@ def triton_server_factory(tmp_path_factory):
         if edit is not None:
             edit(repo)
         log_path = tmp_path / f"tritonserver_{len(handles)}.log"
-        http_port, grpc_port, metrics_port = _three_free_ports(launcher)
-        handle = launcher.start_server(repo, http_port, grpc_port, metrics_port, model_dir=MODEL_DIR,
+        http_port, grpc_port, metrics_port = launcher.free_ports(3)
+        handle = launcher.start_server(repo, http_port, grpc_port, metrics_port, model_dir=smollm2_dir,
                                        log_path=log_path)
         handles.append(handle)
         try:
@@ -130,15 +128,6 @@ def triton_server_factory(tmp_path_factory):
     yield start
     for h in handles:
         h.stop()
-
-
-def _three_free_ports(launcher) -> tuple[int, int, int]:
-    ports: list[int] = []
-    while len(ports) < 3:
-        port = launcher.free_port()
-        if port not in ports:
-            ports.append(port)
-    return ports[0], ports[1], ports[2]
 
 
 def _error_lines(path: Path, limit: int = 20) -> str:

@@ -108,11 +108,7 @@ def engine_config_from_triton(model_config: dict, args: dict) -> EngineConfig:
     for k, v in raw.items():
         if k in fields and v.strip() != "":
             kwargs[k] = _convert(k, fields[k], v) if fields[k] != "str" else v
-    if not kwargs.get("model_dir"):
-        env = os.environ.get(MODEL_DIR_ENV, "")
-        if not env:
-            raise ValueError(f"parameter model_dir is empty and {MODEL_DIR_ENV} is not set")
-        kwargs["model_dir"] = env
+    kwargs["model_dir"] = resolve_model_dir(model_config)
     opts = serving_options(model_config)
     ordinal = instance_ordinal(model_config, args.get("model_name", ""), args.get("model_instance_name", ""))
     if opts.gcu_device_ids:
@@ -128,8 +124,7 @@ def resolve_model_dir(model_config: dict) -> str:
     """The `model_dir` parameter of a config.pbtxt, or PADDLE_LLM_MODEL_DIR when it is empty.
 
     Raises ValueError when neither is set."""
-    v = (model_config.get("parameters") or {}).get("model_dir", {}).get("string_value", "")
-    v = v or os.environ.get(MODEL_DIR_ENV, "")
+    v = _raw(model_config).get("model_dir", "").strip() or os.environ.get(MODEL_DIR_ENV, "")
     if not v:
         raise ValueError(f"parameter model_dir is empty and {MODEL_DIR_ENV} is not set")
     return v

@@ -4,7 +4,6 @@ max_model_len, and helpers shared by the test modules."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import sys
@@ -14,20 +13,17 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-if importlib.util.find_spec("paddle_llm_engine") is None:  # not pip-installed: use the source tree
-    sys.path[:0] = [str(REPO / "backend"), str(REPO / "ops")]
 if str(HERE) not in sys.path:  # `import clients` under any pytest import mode
     sys.path.insert(0, str(HERE))
 
-MODEL_DIR = REPO / "build" / "SmolLM2-135M-Instruct"
 LLM_CONFIG = REPO / "model_repository" / "llm" / "config.pbtxt"
 
 
 @pytest.fixture(scope="session")
-def tokenizer():
+def tokenizer(smollm2_dir):
     from paddle_llm_engine.tokenizer import load_tokenizer
 
-    return load_tokenizer(str(MODEL_DIR))
+    return load_tokenizer(smollm2_dir)
 
 
 @pytest.fixture(scope="session")
@@ -51,10 +47,10 @@ def count_tokens(tokenizer):
 
 
 @pytest.fixture(scope="session")
-def max_model_len() -> int:
+def max_model_len(smollm2_dir) -> int:
     """The llm config's max_model_len parameter; 0 means the model's max_position_embeddings."""
     m = re.search(r'key:\s*"max_model_len"\s*value:\s*\{\s*string_value:\s*"(\d*)"', LLM_CONFIG.read_text())
     v = int(m.group(1)) if m and m.group(1) else 0
     if v <= 0:
-        v = json.loads((MODEL_DIR / "config.json").read_text())["max_position_embeddings"]
+        v = json.loads((Path(smollm2_dir) / "config.json").read_text())["max_position_embeddings"]
     return v
