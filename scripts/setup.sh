@@ -108,6 +108,10 @@ else
   echo "$ROOT" >"$project_mark"
 fi
 
+# ---- 3b. the C++ CPU kernels (paddle.utils.cpp_extension; cached by source hash in build/cpu_kernels,
+# a rebuild only when csrc/, the flags or the paddle version change; a compile error fails set-up)
+"$VPY" ops/paddle_llm_ops/cpu_kernels/build.py || { echo "setup: the C++ CPU kernels did not build (compiler output above)" >&2; exit 1; }
+
 # ---- 4. the default model (prepare_model.py skips a complete conversion itself)
 if [[ -f $MODEL_OUT/.converted ]]; then
   say "model ready in ${MODEL_OUT#"$ROOT"/}"

@@ -151,12 +151,18 @@ def read_bandwidth_probe(buf: np.ndarray, threads: int, avx2: bool = True) -> in
 
 def _run(op: str, *args):
     load()
-    out = paddle._C_ops._run_custom_op(op, *args)
-    return out
+    try:
+        return paddle._C_ops._run_custom_op(op, *args)
+    except OSError as e:  # Paddle surfaces a custom op's PD_CHECK / PD_THROW as OSError
+        raise ValueError(f"{op}: {e}") from None
 
 
 def _resolve(isa: str | None) -> str:
-    return _isa if isa is None else isa
+    if isa is None:
+        return _isa
+    if isa not in ISAS:
+        raise ValueError(f"unknown isa {isa!r} (expected one of {', '.join(ISAS)})")
+    return isa
 
 
 # ------------------------------------------------------------------------------------ GEMV

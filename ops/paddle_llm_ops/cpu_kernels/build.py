@@ -77,12 +77,13 @@ def _paddle_version() -> str:
         return "unknown"
 
 
-def source_files(src_dir: Path = SRC_DIR, suffixes: tuple[str, ...] = _COMPILED_SUFFIXES) -> list[Path]:
-    """The translation units (default) or, with suffixes=_HASHED_SUFFIXES, every file the hash covers."""
-    return sorted(p for p in Path(src_dir).iterdir() if p.suffix in suffixes and p.is_file())
+def source_files(src_dir: Path | None = None, suffixes: tuple[str, ...] = _COMPILED_SUFFIXES) -> list[Path]:
+    """The translation units of src_dir (default SRC_DIR) or, with suffixes=_HASHED_SUFFIXES, every
+    file the hash covers."""
+    return sorted(p for p in Path(src_dir or SRC_DIR).iterdir() if p.suffix in suffixes and p.is_file())
 
 
-def source_hash(src_dir: Path = SRC_DIR, cflags: list[str] | None = None, ldflags: list[str] | None = None) -> str:
+def source_hash(src_dir: Path | None = None, cflags: list[str] | None = None, ldflags: list[str] | None = None) -> str:
     """sha256 over the sources (names and bytes), the flags, the paddle and Python versions."""
     h = hashlib.sha256()
     for p in source_files(src_dir, _HASHED_SUFFIXES):

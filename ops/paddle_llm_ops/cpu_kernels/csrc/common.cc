@@ -70,8 +70,15 @@ void parallel_tasks(int64_t ntasks, int threads, RangeFn fn, void* ctx) {
     fn(ctx, 0, ntasks);
     return;
   }
-#pragma omp parallel for num_threads(t) schedule(dynamic, 1)
-  for (int64_t i = 0; i < ntasks; ++i) fn(ctx, i, i + 1);
+  // A shared counter hands out the tasks (a plain parallel region: no OpenMP loop-scheduling
+  // entry points, which differ between libgomp and libiomp5's GOMP_* layer).
+  std::atomic<int64_t> next{0};
+#pragma omp parallel num_threads(t)
+  {
+    for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < ntasks;
+         i = next.fetch_add(1, std::memory_order_relaxed))
+      fn(ctx, i, i + 1);
+  }
 }
 
 }  // namespace plk
