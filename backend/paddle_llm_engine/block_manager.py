@@ -7,6 +7,14 @@ sequence whose leading full blocks have known hashes takes those blocks instead 
 them; shared blocks are reference counted and return to the free pool only when no live sequence
 holds them. A free block keeps its hash (it is "cached") until it is handed out for new content,
 least recently freed first; cached free blocks count as free.
+
+Block sharing between the sequences of one request (num_return_sequences / n > 1): `fork` gives a
+child sequence the parent's whole block table (reference counts + 1), so the prompt's KV is computed
+and stored once. A block is written only at positions >= num_computed_tokens; before a sequence
+writes into a block that another sequence also holds (the prompt's last, partial block), `allocate`
+gives it a private copy (copy on write): a fresh block, the reference to the shared one dropped, and
+a (source, destination) pair queued for the runner, which copies the KV before the step's writes
+(`take_copies`). Full shared blocks are never written again, so they are never copied.
 """
 
 from __future__ import annotations
@@ -37,6 +45,8 @@ class BlockManager:
         self._hash_to_block: dict[int, int] = {}
         self.prefix_query_tokens = 0  # prompt tokens looked up in the prefix cache
         self.prefix_hit_tokens = 0    # of which found
+        self._copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) pairs not yet taken
+        self.num_cow_copies = 0       # blocks copied on write, since start
 
     @property
     def num_free_blocks(self) -> int:
@@ -51,9 +61,19 @@ class BlockManager:
         return self.prefix_hit_tokens / self.prefix_query_tokens if self.prefix_query_tokens else 0.0
 
     def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
-        """Extra blocks `seq` needs so that its first `num_tokens` tokens have a slot."""
+        """Extra blocks `seq` needs so that its first `num_tokens` tokens have a slot it may write:
+        new blocks past its table, plus a private copy of every shared block the write range
+        [num_computed_tokens, num_tokens) touches (copy on write)."""
         need = -(-num_tokens // self.block_size)
-        return max(0, need - len(seq.block_table))
+        return max(0, need - len(seq.block_table)) + len(self._shared_in_write_range(seq, num_tokens))
+
+    def _shared_in_write_range(self, seq: Sequence, num_tokens: int) -> list[int]:
+        """Indices into seq.block_table of blocks that another sequence also holds and that this
+        sequence will write when it computes its tokens up to `num_tokens`."""
+        bs = self.block_size
+        first = seq.num_computed_tokens // bs
+        last = min(len(seq.block_table), -(-num_tokens // bs))
+        return [i for i in range(first, last) if self.ref_counts[seq.block_table[i]] > 1]
 
     def can_allocate(self, n: int) -> bool:
         return n <= len(self._free)
@@ -69,15 +89,44 @@ class BlockManager:
         return b
 
     def allocate(self, seq: Sequence, num_tokens: int) -> None:
-        """Grow seq.block_table to cover `num_tokens` tokens. Raises RuntimeError when short."""
+        """Make `num_tokens` tokens of seq writable: copy the shared blocks it is about to write (the
+        copies are queued for take_copies) and grow seq.block_table. Raises RuntimeError when short."""
         n = self.blocks_needed(seq, num_tokens)
         if n > len(self._free):
             raise RuntimeError(f"KV cache exhausted: need {n} blocks, {len(self._free)} free")
-        for _ in range(n):
-            b = self._take_free()
-            assert self.ref_counts[b] == 0, f"block {b} on the free list is referenced"
-            self.ref_counts[b] = 1
-            seq.block_table.append(b)
+        for i in self._shared_in_write_range(seq, num_tokens):
+            src, dst = seq.block_table[i], self._take_new()
+            self.ref_counts[src] -= 1  # still > 0: the other holders keep the original
+            seq.block_table[i] = dst
+            seq.num_new_blocks += 1
+            self._copies.append((src, dst))
+            self.num_cow_copies += 1
+        for _ in range(-(-num_tokens // self.block_size) - len(seq.block_table)):
+            seq.block_table.append(self._take_new())
+            seq.num_new_blocks += 1
+
+    def _take_new(self) -> int:
+        b = self._take_free()
+        assert self.ref_counts[b] == 0, f"block {b} on the free list is referenced"
+        self.ref_counts[b] = 1
+        return b
+
+    # -- block sharing -----------------------------------------------------------------------------
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """`child` (holding no blocks) shares every block of `parent` and its computed tokens; the
+        first write into a shared block copies it (see allocate)."""
+        assert not child.block_table, "fork into a sequence that holds blocks"
+        for b in parent.block_table:
+            self.ref_counts[b] += 1
+        child.block_table = list(parent.block_table)
+        child.block_hashes = list(parent.block_hashes)
+        child.num_computed_tokens = parent.num_computed_tokens
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """The copy-on-write (source block, destination block) pairs queued since the last call; the
+        runner copies them before the step's KV writes."""
+        out, self._copies = self._copies, []
+        return out
 
     # -- prefix cache ------------------------------------------------------------------------------
     def _match_prefix(self, seq: Sequence) -> list[int]:
@@ -116,6 +165,7 @@ class BlockManager:
         seq.block_table = list(hits)
         seq.block_hashes = [self._block_hash[b] for b in hits]
         seq.num_computed_tokens = cached
+        seq.num_reused_blocks += len(hits)
         self.allocate(seq, cached + n)
         if self.enable_prefix_caching:
             self.prefix_query_tokens += seq.num_tokens
@@ -142,10 +192,14 @@ class BlockManager:
     def free(self, seq: Sequence) -> None:
         """Drop seq's references; blocks no one references go back to the free pool (their cached
         content stays findable until the block is reused)."""
+        released = set()
         for b in reversed(seq.block_table):
             self.ref_counts[b] -= 1
             assert self.ref_counts[b] >= 0, f"block {b} freed twice"
             if self.ref_counts[b] == 0:
                 self._free[b] = None
+                released.add(b)
+        if released and self._copies:  # a copy into a block nobody holds any more is moot
+            self._copies = [(s, d) for s, d in self._copies if d not in released]
         seq.block_table = []
         seq.block_hashes = []

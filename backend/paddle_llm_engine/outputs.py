@@ -11,9 +11,15 @@ class RequestOutput:
 
     text: newly emitted text (may be "" while characters or stop-string prefixes are held back).
     token_ids: tokens sampled since the previous output (the stop token included).
-    finish_reason: "stop" | "length" | "abort" | "error" when finished, else None.
+    finished: the request is over (all of its sequences); nothing follows.
+    sequence_index / sequence_finished: which of the request's params.n sequences this output
+        belongs to, and whether that sequence has ended (always true with finished). With n = 1
+        both flags are the same.
+    finish_reason: "stop" | "length" | "abort" | "error" when the sequence finished, else None.
     error: message when finish_reason is "error".
-    Times are time.monotonic() seconds.
+    Times are time.monotonic() seconds. Request-level (all sequences): first_token_time (first
+    token sampled), last_token_time (latest token sampled), num_new_blocks (KV blocks allocated
+    fresh, copies on write included), num_reused_blocks (blocks found in the prefix cache).
     """
 
     request_id: str
@@ -32,6 +38,16 @@ class RequestOutput:
     logprobs: list = field(default_factory=list)
     cumulative_logprob: float = 0.0
     logits: "object | None" = None  # np.ndarray [V] fp32, only with LLMEngine.step(return_logits=True)
+    sequence_index: int = 0
+    sequence_finished: bool = False
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    num_new_blocks: int = 0
+    num_reused_blocks: int = 0
+
+    def __post_init__(self):
+        if self.finished:
+            self.sequence_finished = True
 
 
 @dataclass

@@ -24,6 +24,9 @@ from paddle_llm_engine.sequence import Sequence, SequenceStatus
 class ScheduledSeq:
     seq: Sequence
     num_new_tokens: int  # tokens computed this step, from seq.num_computed_tokens on
+    # sequences of the same request (n > 1) that are forked from `seq` when this step samples its
+    # first token: each samples its own first token from the same logits row (set by the engine)
+    forks: list = field(default_factory=list)
 
     @property
     def samples(self) -> bool:
@@ -35,6 +38,8 @@ class ScheduledSeq:
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    # copy-on-write KV block copies (src, dst) the runner makes before this step's writes
+    copies: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -57,6 +62,11 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
+
+    def add_running(self, seq: Sequence) -> None:
+        """A sequence forked from a running one (its blocks shared, its prompt computed)."""
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -101,6 +111,7 @@ class Scheduler:
             self.running.append(seq)
             out.scheduled.append(ScheduledSeq(seq, n))
             budget -= n
+        out.copies = self.blocks.take_copies()
         return out
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:

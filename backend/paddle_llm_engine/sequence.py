@@ -25,11 +25,17 @@ class Sequence:
         the step samples the next one. Preemption (recompute) resets it to 0.
     block_table: KV block ids; token at position p is in block_table[p // block_size].
     rng: the request's own generator (numpy PCG64), so sampling never depends on batch mates.
+    seq_index: which of the request's params.n sequences this is; sequence i draws with the seed
+        params.seed + i (mod 2^64), so it samples exactly as a request with that seed and n = 1.
+    num_new_blocks / num_reused_blocks: KV blocks this sequence took fresh (copies on write
+        included) / found in the prefix cache, over its life (request perf metrics).
     """
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 max_tokens: int, eos_token_ids: list[int], arrival_time: float | None = None):
+                 max_tokens: int, eos_token_ids: list[int], arrival_time: float | None = None,
+                 seq_index: int = 0):
         self.request_id = request_id
+        self.seq_index = seq_index
         self.token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
         self.params = params
@@ -44,9 +50,14 @@ class Sequence:
         self.num_preemptions = 0
         self.arrival_time = arrival_time if arrival_time is not None else time.monotonic()
         self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+        self.last_token_time: float | None = None
+        self.num_new_blocks = 0
+        self.num_reused_blocks = 0
         self.cumulative_logprob = 0.0
         self.pending_logprobs: list[tuple[float, list[tuple[int, float]]]] = []  # not yet reported
-        self.rng = np.random.Generator(np.random.PCG64(params.seed)) if not params.greedy else None
+        seed = params.seed if params.seed is None or not seq_index else (params.seed + seq_index) % 2**64
+        self.rng = np.random.Generator(np.random.PCG64(seed)) if not params.greedy else None
 
     @property
     def num_tokens(self) -> int:

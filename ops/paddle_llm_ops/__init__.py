@@ -6,7 +6,7 @@ fused_rms_norm) sit beside the composed ops with the same signature; an engine's
 names the ones its place can run, as the platform layer decided at start.
 """
 
-from paddle_llm_ops.kv_cache import gather_kv, write_kv
+from paddle_llm_ops.kv_cache import copy_blocks, gather_kv, write_kv
 from paddle_llm_ops.norm import rms_norm, rms_norm_composed, rms_norm_fused
 from paddle_llm_ops.opset import COMPOSED, OpSet, build_opset
 from paddle_llm_ops.padding import gather_last_tokens
@@ -15,6 +15,7 @@ from paddle_llm_ops.rotary import RotaryTable, apply_rotary, interleaved_to_half
 
 __all__ = [
     "COMPOSED",
+    "copy_blocks",
     "OpSet",
     "build_opset",
     "gather_kv",

@@ -10,12 +10,14 @@ The cache may be stored in a narrower dtype than the model computes in (kv_cache
 float16 under a float32 model): values are cast on write and cast back when gathered. Where Paddle
 has no gather kernel for the cache's dtype (CPU: none for float16), the gather runs on a
 same-width view (bit-identical) and the cast reads the view as the cache's dtype again.
+copy_blocks copies whole blocks (the block manager's copy on write of a shared block).
 """
 
 from __future__ import annotations
 
 import functools
 
+import numpy as np
 import paddle
 
 
@@ -50,3 +52,18 @@ def gather_kv(cache: paddle.Tensor, slots: paddle.Tensor, compute_dtype, gather_
     else:
         out = paddle.index_select(cache.view(gather_dtype), slots, axis=1).view(cache.dtype)
     return out if out.dtype == compute_dtype else out.astype(compute_dtype)
+
+
+def copy_blocks(kv_caches, pairs, block_size: int, gather_dtype=None) -> None:
+    """In place: copy whole KV blocks src -> dst in every layer's K and V cache (copy on write of a
+    block that several sequences share). kv_caches: [(k_cache, v_cache)] per layer; pairs:
+    [(src block, dst block)]; gather_dtype as in gather_kv."""
+    if not pairs:
+        return
+    offs = np.arange(block_size, dtype=np.int64)
+    src = paddle.to_tensor(np.concatenate([s * block_size + offs for s, _ in pairs]))
+    dst = paddle.to_tensor(np.concatenate([d * block_size + offs for _, d in pairs]))
+    for layer in kv_caches:
+        for cache in layer:
+            rows = gather_kv(cache, src, cache.dtype, gather_dtype)
+            paddle.index_put_(cache, (_head_index(cache.shape[0], str(cache.place)), dst.unsqueeze(0)), rows)

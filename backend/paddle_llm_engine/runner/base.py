@@ -8,7 +8,7 @@ samples one token for every sequence whose step reached its last token.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import paddle
@@ -19,7 +19,7 @@ from paddle_llm_engine.models.attention_metadata import AttentionMetadata, Prefi
 from paddle_llm_engine.platforms import plan_for_device
 from paddle_llm_engine.sampler import sample
 from paddle_llm_engine.scheduler import ScheduledSeq
-from paddle_llm_ops import build_opset, gather_last_tokens
+from paddle_llm_ops import build_opset, copy_blocks, gather_last_tokens
 
 log = logging.getLogger(__name__)
 
@@ -31,12 +31,18 @@ class StepResult:
 
     sampled: the scheduled entries that produced a token, in order; token_ids: [len(sampled)] int64;
     logprobs: per sampled entry (chosen token's logprob, [(token id, logprob)] top alternatives),
-    (0.0, []) where none were asked; logits: [len(sampled), V] fp32 when requested (tests)."""
+    (0.0, []) where none were asked; logits: [len(sampled), V] fp32 when requested (tests).
+    forked / fork_token_ids / fork_logprobs: the first tokens of the sequences forked this step
+    (ScheduledSeq.forks of the sampled entries, in order), each drawn with its own RNG from its
+    parent's logits row."""
 
     sampled: list[ScheduledSeq]
     token_ids: np.ndarray
     logprobs: list = None
     logits: np.ndarray | None = None
+    forked: list = field(default_factory=list)
+    fork_token_ids: np.ndarray | None = None
+    fork_logprobs: list = field(default_factory=list)
 
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -183,14 +189,30 @@ class ModelRunnerBase:
         return (sampled, paddle.to_tensor(np.concatenate(ids)), paddle.to_tensor(np.concatenate(pos)), meta,
                 np.asarray(last_rows, dtype=np.int64))
 
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy-on-write block copies (src, dst), in every layer, before a step writes the cache."""
+        copy_blocks(self.kv_caches, pairs, self.block_size, self.plan.kv_gather_dtype)
+
     @paddle.no_grad()
-    def execute(self, scheduled: list[ScheduledSeq], return_logits: bool = False) -> StepResult:
-        """Run one step and return its StepResult; no sequence state is modified here."""
+    def execute(self, scheduled: list[ScheduledSeq], return_logits: bool = False,
+                copies: list[tuple[int, int]] = ()) -> StepResult:
+        """Run one step and return its StepResult; no sequence state is modified here. `copies`:
+        the scheduler's copy-on-write block copies, made before the step's KV writes."""
+        if copies:
+            self.copy_blocks(list(copies))
         sampled, input_ids, positions, meta, last_rows = self.prepare(scheduled)
         hidden = self.model.forward(input_ids, positions, meta, self.kv_caches)
         if len(last_rows) == 0:
             return StepResult([], np.empty(0, dtype=np.int64), [])
         logits = self.model.compute_logits(gather_last_tokens(hidden, paddle.to_tensor(last_rows)))
         logits_np = logits.numpy()
-        tokens, logprobs = sample(logits_np, [s.seq for s in sampled])
+        seqs = [s.seq for s in sampled]
+        forked = [c for s in sampled for c in s.forks]
+        if forked:  # each forked sequence draws from its parent's row with its own RNG
+            rows = list(range(len(sampled))) + [i for i, s in enumerate(sampled) for _ in s.forks]
+            tokens, logprobs = sample(logits_np[rows], seqs + forked)
+            k = len(sampled)
+            return StepResult(sampled, tokens[:k], logprobs[:k], logits_np if return_logits else None,
+                              forked, tokens[k:], logprobs[k:])
+        tokens, logprobs = sample(logits_np, seqs)
         return StepResult(sampled, tokens, logprobs, logits_np if return_logits else None)
