@@ -51,8 +51,7 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(config.model_dir)
         self.block_manager = BlockManager(self.runner.num_kv_blocks, config.block_size,
                                           enable_prefix_caching=bool(config.enable_prefix_caching))
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
-                                   config.max_model_len)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.requests: dict[str, _RequestState] = {}
         self.num_steps = 0
         log.info("engine ready on %s in %.1f s: max_model_len %d, max_num_seqs %d, max_num_batched_tokens %d, "

@@ -114,9 +114,7 @@ class EngineLoop:
             if not self.engine.has_unfinished_requests():
                 continue
             try:
-                t0 = time.monotonic()
                 outputs = self.engine.step()
-                self.last_step_seconds = time.monotonic() - t0
             except Exception as e:  # engine failure: fail everyone, stop, report not ready
                 self.error = f"{type(e).__name__}: {e}"
                 log.error("engine step failed, failing %d requests:\n%s", len(self._callbacks),

@@ -49,12 +49,10 @@ class SchedulerOutput:
 class Scheduler:
     """Holds the waiting and running queues and the block manager."""
 
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int):
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
         self.blocks = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.max_model_len = max_model_len
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -75,9 +73,9 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         running: list[Sequence] = []
-        queue = list(self.running)
+        queue = deque(self.running)
         while queue:
-            seq = queue.pop(0)
+            seq = queue.popleft()
             if budget == 0:
                 running.append(seq)
                 continue

@@ -129,10 +129,6 @@ class EnsemblePipeline:
             self._send_stop(f.inner_id)
         self._watcher.join(5)
 
-    @property
-    def num_in_flight(self) -> int:
-        return len(self._flights)
-
     # -- one request ------------------------------------------------------------------------------
     def _run(self, request) -> None:
         pb = _pb()

@@ -88,10 +88,6 @@ class Responder:
         self._q.put(None)
         self._thread.join(5)
 
-    @property
-    def num_live(self) -> int:
-        return len(self._live)
-
     # -- response thread -------------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop:

@@ -105,7 +105,6 @@ class RotaryTable:
         emb = np.concatenate([freqs, freqs], axis=-1)
         self.cos = paddle.to_tensor((np.cos(emb) * attn_factor).astype(np.float32))
         self.sin = paddle.to_tensor((np.sin(emb) * attn_factor).astype(np.float32))
-        self.max_positions = max_positions
 
     def lookup(self, positions: paddle.Tensor):
         """positions: [T] int64 -> (cos, sin), each [T, 1, head_dim] for broadcasting over heads."""

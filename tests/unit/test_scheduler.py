@@ -17,20 +17,20 @@ def make_seq(n_prompt: int, max_tokens: int = 8) -> Sequence:
                     max_tokens, [2])
 
 
-def make_sched(num_blocks=64, block_size=16, max_num_seqs=8, budget=256, max_model_len=512) -> Scheduler:
-    return Scheduler(BlockManager(num_blocks, block_size), max_num_seqs, budget, max_model_len)
+def make_sched(num_blocks=64, block_size=16, max_num_seqs=8, budget=256) -> Scheduler:
+    return Scheduler(BlockManager(num_blocks, block_size), max_num_seqs, budget)
 
 
-def advance(sched: Scheduler, out: SchedulerOutput, token: int = 7) -> list[Sequence]:
+def advance(sched: Scheduler, out: SchedulerOutput, token: int = 7, max_model_len: int = 512) -> list[Sequence]:
     """What the engine does after the model ran: count computed tokens, append sampled tokens, finish
-    sequences that reached max_tokens. Returns the sequences that sampled."""
+    sequences that reached max_tokens (or max_model_len). Returns the sequences that sampled."""
     live = [s for s in out.scheduled if not s.seq.is_finished]  # the engine skips aborted ones
     sampled = [s for s in live if s.samples]
     for s in live:
         s.seq.num_computed_tokens += s.num_new_tokens
     for s in sampled:
         s.seq.append_token(token)
-        if s.seq.check_stop(sched.max_model_len) is not None:
+        if s.seq.check_stop(max_model_len) is not None:
             sched.finish(s.seq, "length")
     return [s.seq for s in sampled]
 
@@ -107,7 +107,7 @@ def test_decodes_scheduled_before_new_prefills():
 def test_preemption_frees_blocks_and_requeues_newest_first():
     # 6 blocks of 4 tokens: two 8-token prompts take 2 blocks each, their 9th tokens a 3rd each; the
     # 13th token of the older one needs a 4th block, so the newer one is preempted.
-    sched = make_sched(num_blocks=6, block_size=4, budget=64, max_model_len=24)
+    sched = make_sched(num_blocks=6, block_size=4, budget=64)
     old, new = make_seq(8, max_tokens=16), make_seq(8, max_tokens=16)
     sched.add(old)
     sched.add(new)
@@ -125,16 +125,16 @@ def test_preemption_frees_blocks_and_requeues_newest_first():
             assert all(s.seq is not new for s in out.scheduled)
             assert sched.blocks.num_used_blocks == len(old.block_table)
             break
-        advance(sched, out)
+        advance(sched, out, max_model_len=24)
     assert preempted_at is not None
-    advance(sched, out)
+    advance(sched, out, max_model_len=24)
     # Drive to completion: the preempted sequence is recomputed and finishes; no block leaks.
     for _ in range(200):
         if not sched.has_work():
             break
         out = sched.schedule()
         assert sched.blocks.num_used_blocks == sum(len(s.block_table) for s in sched.running)
-        advance(sched, out)
+        advance(sched, out, max_model_len=24)
     assert not sched.has_work()
     assert old.num_output_tokens == 16 and new.num_output_tokens == 16
     assert sched.blocks.num_free_blocks == 6

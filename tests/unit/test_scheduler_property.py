@@ -28,14 +28,15 @@ class SchedulerMachine(RuleBasedStateMachine):
     def setup(self, block_size, max_model_len, extra_blocks, max_num_seqs, extra_budget, prefix_caching):
         num_blocks = -(-max_model_len // block_size) + extra_blocks  # the engine guarantees one full sequence fits
         self.bm = BlockManager(num_blocks, block_size, enable_prefix_caching=prefix_caching)
-        self.sched = Scheduler(self.bm, max_num_seqs, max_num_seqs + extra_budget, max_model_len)
+        self.sched = Scheduler(self.bm, max_num_seqs, max_num_seqs + extra_budget)
+        self.max_model_len = max_model_len  # the engine's limit, checked after each step as it does
         self.seqs: list[Sequence] = []
         self.n = 0
 
     # -- operations -----------------------------------------------------------------------------
     @rule(data=st.data())
     def add(self, data):
-        mml = self.sched.max_model_len
+        mml = self.max_model_len
         n_prompt = data.draw(st.integers(1, mml - 1), label="prompt_len")
         max_tokens = data.draw(st.integers(1, mml - n_prompt), label="max_tokens")
         # one of two shared prefixes (so the prefix cache has hits), then a request-specific tail
@@ -89,7 +90,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             bm.commit_full_blocks(s.seq)
         for s in sampled:
             s.seq.append_token(5)
-            reason = s.seq.check_stop(sched.max_model_len)
+            reason = s.seq.check_stop(self.max_model_len)
             if reason is not None:
                 sched.finish(s.seq, reason)
 

@@ -40,9 +40,6 @@ class CheckpointReader:
             for k, (offset, shape) in _bf16_tensors(f).items():
                 self._bf16[k] = (f, offset, shape)
 
-    def has(self, name: str) -> bool:
-        return name in self._where
-
     def get(self, name: str) -> np.ndarray:
         """fp32 array for `name`; raises KeyError naming the missing tensor."""
         if name not in self._where:
