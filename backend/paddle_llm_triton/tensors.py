@@ -56,28 +56,23 @@ def get_str_list(request, name: str) -> list[str] | None:
     return out
 
 
-def get_bool(request, name: str) -> bool | None:
+def _get_scalar(request, name: str, kind, kind_name: str, convert):
+    """One value of numpy dtype kind `kind` (np.bool_, np.integer, np.floating) as a Python value."""
     arr = get_array(request, name)
     if arr is None:
         return None
-    if arr.dtype != np.bool_:
-        raise InvalidRequestError(name, f"expected BOOL, got {arr.dtype}")
-    return bool(_one(name, arr))
+    if not np.issubdtype(arr.dtype, kind):
+        raise InvalidRequestError(name, f"expected {kind_name}, got {arr.dtype}")
+    return convert(_one(name, arr))
+
+
+def get_bool(request, name: str) -> bool | None:
+    return _get_scalar(request, name, np.bool_, "BOOL", bool)
 
 
 def get_int(request, name: str) -> int | None:
-    arr = get_array(request, name)
-    if arr is None:
-        return None
-    if not np.issubdtype(arr.dtype, np.integer):
-        raise InvalidRequestError(name, f"expected an integer type, got {arr.dtype}")
-    return int(_one(name, arr))
+    return _get_scalar(request, name, np.integer, "an integer type", int)
 
 
 def get_float(request, name: str) -> float | None:
-    arr = get_array(request, name)
-    if arr is None:
-        return None
-    if not np.issubdtype(arr.dtype, np.floating):
-        raise InvalidRequestError(name, f"expected a floating type, got {arr.dtype}")
-    return float(_one(name, arr))
+    return _get_scalar(request, name, np.floating, "a floating type", float)
