@@ -13,6 +13,7 @@ from paddle_llm_engine.block_manager import BlockManager
 from paddle_llm_engine.config import EngineConfig, ModelConfig
 from paddle_llm_engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from paddle_llm_engine.errors import EngineBusyError, InvalidRequestError
+from paddle_llm_engine.guided import GuidedDecoding
 from paddle_llm_engine.outputs import EngineStats, RequestOutput
 from paddle_llm_engine.platforms import resolve_device
 from paddle_llm_engine.runner import create_runner
@@ -54,6 +55,8 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.requests: dict[str, _RequestState] = {}
         self.num_steps = 0
+        # guided decoding: llguidance tokenizer built on the first guided request, not here
+        self.guided = GuidedDecoding(config.model_dir, self.model_config.vocab_size, self.eos_token_ids)
         log.info("engine ready on %s in %.1f s: max_model_len %d, max_num_seqs %d, max_num_batched_tokens %d, "
                  "max concurrent tokens %d", self.device, time.monotonic() - t0, config.max_model_len,
                  config.max_num_seqs, config.max_num_batched_tokens,
@@ -96,6 +99,9 @@ class LLMEngine:
                 "max_tokens", f"prompt ({n} tokens) + max_tokens ({max_tokens}) exceeds max_model_len ({limit})")
         eos = params.eos_token_ids if params.eos_token_ids is not None else self.eos_token_ids
         seq = Sequence(request_id, prompt_token_ids, params, max_tokens, eos, arrival_time)
+        if params.guide is not None:  # compile errors name the guide's field; first mask starts now
+            stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos))
+            seq.guide = self.guided.new_state(params.guide, sorted(stop_ids))
         self.requests[request_id] = _RequestState(seq, self.tokenizer)
         self.scheduler.add(seq)
 
@@ -147,6 +153,11 @@ class LLMEngine:
             seq.record_logprob(*result.logprobs[row])
             st.unreported.append(token)
             reason = seq.check_stop(self.config.max_model_len)
+            if seq.guide is not None:  # guided: the chosen token advances the guide; complete = "stop"
+                if seq.guide.ends(token):
+                    reason = "stop"
+                elif seq.guide.advance(token, prefetch=reason is None):
+                    reason = "stop"
             text, stopped = st.stops.push(st.detok.add([token]))
             if stopped:
                 reason = "stop"

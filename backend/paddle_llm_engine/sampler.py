@@ -3,7 +3,8 @@
 Runs on host memory in numpy: one [B, V] copy per step, after which every row is processed with
 its own parameters and its own RNG (a request's draws never depend on its batch mates).
 Order of processing (HF `generate` / vLLM): min_tokens mask -> repetition, presence and frequency
-penalties -> temperature -> top-k -> top-p -> min-p -> draw. Penalties also apply to greedy rows.
+penalties -> guided-decoding mask (guided.py; computed off this path) -> temperature -> top-k ->
+top-p -> min-p -> draw. Penalties and the guide also apply to greedy rows.
 """
 
 from __future__ import annotations
@@ -105,6 +106,8 @@ def sample(logits: np.ndarray, seqs: list[Sequence]) -> tuple[np.ndarray, list[t
             _suppress_stops(row, seq)
             _apply_penalties(row, seq)
             _ban_bad_words(row, seq)
+        if seq.guide is not None:  # guided decoding: only the tokens the guide allows (mask built ahead)
+            row = seq.guide.apply(row, logits[i])
         if prm.greedy:
             out[i] = int(np.argmax(row))
         else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from paddle_llm_engine.errors import InvalidRequestError
+from paddle_llm_engine.guided import GuideSpec
 
 
 @dataclass
@@ -34,6 +35,8 @@ class SamplingParams:
     logprobs: None, or 0..20 alternatives to report with each token's log-probability.
     compute_logprobs: compute the chosen token's logprob (and the cumulative one) even when
         logprobs is None; otherwise they are reported as 0.0 without the per-row log-softmax.
+    guide: None, or a GuideSpec (guided decoding: JSON schema, regex, choice, grammar; see
+        guided.py); the engine compiles it per sequence and a bad guide is an InvalidRequestError.
     """
 
     temperature: float = 1.0
@@ -55,6 +58,7 @@ class SamplingParams:
     compute_logprobs: bool = False  # set by the serving glue when the client wants logprob values
     bad_words: list[str] = field(default_factory=list)
     bad_words_ids: list[list[int]] = field(default_factory=list)  # filled by the engine's tokenizer
+    guide: GuideSpec | None = None
 
     @property
     def greedy(self) -> bool:

@@ -58,6 +58,7 @@ class Sequence:
         self.pending_logprobs: list[tuple[float, list[tuple[int, float]]]] = []  # not yet reported
         seed = params.seed if params.seed is None or not seq_index else (params.seed + seq_index) % 2**64
         self.rng = np.random.Generator(np.random.PCG64(seed)) if not params.greedy else None
+        self.guide = None  # guided decoding: the engine sets a guided.GuideState when params.guide is set
 
     @property
     def num_tokens(self) -> int:

@@ -13,12 +13,14 @@ from __future__ import annotations
 from paddle_llm_engine.errors import InvalidRequestError
 from paddle_llm_engine.sampling_params import SamplingParams
 from paddle_llm_triton import tensors as T
+from paddle_llm_triton.contracts import guided
 
 INT_TENSORS = ("max_tokens", "top_k", "end_id", "pad_id", "min_tokens", "min_length", "beam_width",
                "num_return_sequences", "seed", "random_seed")
 FLOAT_TENSORS = ("top_p", "temperature", "repetition_penalty", "presence_penalty", "frequency_penalty",
                  "length_penalty")
 STRING_LIST_TENSORS = ("stop_words", "bad_words")
+STRING_TENSORS = ("guided_decoding_guide_type", "guided_decoding_guide")  # guided decoding (contracts/guided.py)
 
 # tensor -> (SamplingParams attribute, type); the pairs seed / random_seed and min_tokens /
 # min_length are TensorRT-LLM's two names of one parameter
@@ -36,7 +38,7 @@ def tensor_values(request) -> dict:
     stop_words / bad_words too). Raises InvalidRequestError naming a tensor of the wrong shape or type."""
     values = {}
     for names, read in ((INT_TENSORS, T.get_int), (FLOAT_TENSORS, T.get_float),
-                        (STRING_LIST_TENSORS, T.get_str_list)):
+                        (STRING_LIST_TENSORS, T.get_str_list), (STRING_TENSORS, T.get_str)):
         for name in names:
             v = read(request, name)
             if v is not None and v != []:
@@ -50,8 +52,8 @@ def from_trtllm_tensors(values: dict, vocab_size: int) -> SamplingParams:
     Accepted keys: max_tokens, temperature, top_k, top_p, seed / random_seed, min_tokens /
     min_length, repetition_penalty, presence_penalty, frequency_penalty, end_id, stop_words,
     bad_words, beam_width (1 only), num_return_sequences (1 only), length_penalty (1.0 only: it only
-    acts in beam search). vocab_size: the model's (config.json), bounds end_id. Raises
-    InvalidRequestError naming the tensor.
+    acts in beam search), guided_decoding_guide_type / guided_decoding_guide (contracts/guided.py).
+    vocab_size: the model's (config.json), bounds end_id. Raises InvalidRequestError naming the tensor.
     """
     if "beam_width" in values and int(values["beam_width"]) != 1:
         raise InvalidRequestError("beam_width", f"only 1 is supported (beam search is not implemented), "
@@ -74,6 +76,7 @@ def from_trtllm_tensors(values: dict, vocab_size: int) -> SamplingParams:
         p.stop = [s for s in values["stop_words"] if s]
     if values.get("bad_words"):
         p.bad_words = [s for s in values["bad_words"] if s]
+    p.guide = guided.from_trtllm(values.get("guided_decoding_guide_type"), values.get("guided_decoding_guide"))
     if p.top_k < 0:
         raise InvalidRequestError("top_k", f"must be >= 0 (0 = off), got {p.top_k}")
     if not (0.0 <= p.top_p <= 1.0):

@@ -15,6 +15,7 @@ import math
 
 from paddle_llm_engine.errors import InvalidRequestError
 from paddle_llm_engine.sampling_params import SamplingParams
+from paddle_llm_triton.contracts import guided
 
 
 def _to_int(field: str, v) -> int:
@@ -100,6 +101,9 @@ _VLLM_KEYS = {
     "end_id": (_to_int_list, "eos_token_ids"),
     "n": (_must_be_one, None),
     "best_of": (_must_be_one, None),
+    # guided decoding (contracts/guided.py): vLLM's GuidedDecodingParams under its old and new names
+    "guided_decoding": (guided.from_vllm, "guide"),
+    "structured_outputs": (guided.from_vllm, "guide"),
 }
 
 
@@ -118,6 +122,9 @@ def from_vllm_json(text: str | bytes | None) -> SamplingParams:
         raise InvalidRequestError("sampling_parameters", f"not valid JSON: {e}") from None
     if not isinstance(obj, dict):
         raise InvalidRequestError("sampling_parameters", "must be a JSON object")
+    if all(obj.get(k) is not None for k in guided.VLLM_GUIDE_KEYS):
+        raise InvalidRequestError("sampling_parameters.guided_decoding",
+                                  "send either guided_decoding or structured_outputs, not both")
     for key, value in obj.items():
         spec = _VLLM_KEYS.get(key)
         field = f"sampling_parameters.{key}"
@@ -140,6 +147,10 @@ def to_json(p: SamplingParams) -> str:
         if attr is None:
             continue
         v = getattr(p, attr)
+        if attr == "guide":
+            if v is not None and key == "structured_outputs":
+                d[key] = guided.to_vllm(v)
+            continue
         if v != getattr(defaults, attr):
             d["end_id" if attr == "eos_token_ids" else key] = v
     return json.dumps(d)
