@@ -87,6 +87,9 @@ def load() -> Path:
         _cdll.plk_set_num_threads.argtypes = [ctypes.c_int]
         _cdll.plk_read_probe.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int]
         _cdll.plk_read_probe.restype = ctypes.c_int
+        _cdll.plk_set_threading_policy.argtypes = [ctypes.c_int]
+        _cdll.plk_fork_join_probe.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        _cdll.plk_fork_join_probe.restype = ctypes.c_double
         _loaded_path = path
         return path
 
@@ -139,6 +142,23 @@ def set_num_threads(n: int) -> None:
 def get_num_threads() -> int:
     load()
     return int(_cdll.plk_num_threads())
+
+
+_POLICIES = {"auto": 0, "always": 1, "never": 2}
+
+
+def set_threading_policy(policy: str) -> None:
+    """Benchmarks only: "auto" (default; threads only above each op's work threshold), "always"
+    (every op opens a parallel region of get_num_threads() threads), "never" (one thread)."""
+    load()
+    _cdll.plk_set_threading_policy(_POLICIES[policy])
+
+
+def fork_join_probe(iters: int, threads: int, idle_us: int = 0) -> float:
+    """Mean microseconds of an empty OpenMP region of `threads` threads on the kernels' OpenMP
+    runtime, each region after `idle_us` of serial work on the calling thread (benchmark)."""
+    load()
+    return float(_cdll.plk_fork_join_probe(int(iters), int(threads), int(idle_us)))
 
 
 def read_bandwidth_probe(buf: np.ndarray, threads: int, avx2: bool = True) -> int:
@@ -328,7 +348,7 @@ def paged_decode_attention(q: paddle.Tensor, k_cache: paddle.Tensor, v_cache: pa
 __all__ = [
     "GEMV_INT8_MAX_BATCH", "GEMV_MAX_BATCH", "ISAS", "KernelsNotBuiltError", "add_rms_norm", "available",
     "cpu_supports_avx2_fma", "dequantize_int8", "gemv", "gemv_int8", "gemv_int8_reference", "get_isa",
-    "get_num_threads", "library_path", "linear", "linear_int8", "load", "paged_decode_attention", "quantize_int8",
-    "quantize_int8_numpy", "read_bandwidth_probe", "rms_norm", "rotary_kv_write", "select_isa", "set_num_threads",
+    "fork_join_probe", "get_num_threads", "library_path", "linear", "linear_int8", "load", "paged_decode_attention", "quantize_int8",
+    "quantize_int8_numpy", "read_bandwidth_probe", "rms_norm", "rotary_kv_write", "select_isa", "set_num_threads", "set_threading_policy",
     "supported_isas",
 ]

@@ -10,6 +10,7 @@ namespace plk {
 
 namespace {
 std::atomic<int> g_threads{0};
+std::atomic<int> g_policy{0};
 
 int affinity_cpus() {
   cpu_set_t set;
@@ -37,7 +38,12 @@ int num_threads() {
 
 void set_num_threads(int n) { g_threads.store(n < 1 ? 0 : n, std::memory_order_relaxed); }
 
+void set_threading_policy(int policy) { g_policy.store(policy, std::memory_order_relaxed); }
+
 int threads_for(int64_t work, int64_t threshold) {
+  const int policy = g_policy.load(std::memory_order_relaxed);
+  if (policy == 1) return num_threads();
+  if (policy == 2) return 1;
   if (threshold <= 0) return num_threads();
   int64_t t = work / threshold;
   if (t < 2) return 1;
@@ -88,4 +94,22 @@ extern "C" {
 void plk_set_num_threads(int n) { plk::set_num_threads(n); }
 int plk_num_threads() { return plk::num_threads(); }
 int plk_cpu_has_avx2_fma() { return plk::cpu_has_avx2_fma() ? 1 : 0; }
+void plk_set_threading_policy(int policy) { plk::set_threading_policy(policy); }
+
+// Mean microseconds of an empty OpenMP region of `threads` threads on the runtime the kernels use,
+// over `iters` regions, each after `idle_us` microseconds of idling on the calling thread.
+double plk_fork_join_probe(int iters, int threads, int idle_us) {
+  static volatile int sink[64 * 16];
+  double total = 0;
+  for (int i = 0; i < iters; ++i) {
+    double t0 = omp_get_wtime();
+    while ((omp_get_wtime() - t0) * 1e6 < idle_us) {
+    }
+    double s = omp_get_wtime();
+#pragma omp parallel num_threads(threads)
+    { sink[(omp_get_thread_num() & 63) * 16] += 1; }
+    total += omp_get_wtime() - s;
+  }
+  return total / iters * 1e6;
+}
 }

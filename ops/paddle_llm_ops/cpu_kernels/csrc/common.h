@@ -33,8 +33,10 @@ void parallel_ranges(int64_t n, int64_t grain, int threads, RangeFn fn, void* ct
 // (ragged work such as attention over contexts of different lengths).
 void parallel_tasks(int64_t ntasks, int threads, RangeFn fn, void* ctx);
 
-// Threads worth using for `work_bytes` of memory traffic (or comparable work): 1 below the
-// threshold, else min(num_threads(), work_bytes / threshold).
+// Threads worth using for `work` bytes of memory traffic (or comparable work): 1 below twice the
+// threshold, else min(num_threads(), work / threshold). The policy (benchmarks only) overrides:
+// 0 = these thresholds, 1 = always num_threads(), 2 = always 1.
 int threads_for(int64_t work, int64_t threshold);
+void set_threading_policy(int policy);
 
 }  // namespace plk

@@ -163,7 +163,7 @@ std::vector<Tensor> RotaryKv(const Tensor& qkv, const Tensor& positions, const T
   a.d = d;
   a.S = S;
   plk::rotary_kv_write(i, a);
-  return {q_out, k_cache, v_cache};
+  return {q_out};  // the in-place outputs alias k_cache / v_cache
 }
 
 // ------------------------------------------------------------------------ paged decode attention
