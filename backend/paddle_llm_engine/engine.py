@@ -35,6 +35,22 @@ class _RequestState:
         self.unreported: list[int] = []
 
 
+class _Request:
+    """One request: the states of its params.n sequences (index = Sequence.seq_index). Sequences
+    1.. wait in `pending` until sequence 0 samples its first token; then they are forked from it
+    (sharing its KV blocks, BlockManager.fork) and draw their own first token from its logits."""
+
+    def __init__(self, states: list[_RequestState]):
+        self.states = states
+        self.pending = [st.seq for st in states[1:]]
+        self.unfinished = len(states)
+
+    @property
+    def seq(self) -> Sequence:
+        """Sequence 0 (the only one when n = 1)."""
+        return self.states[0].seq
+
+
 class LLMEngine:
     """One engine bound to one device.
 
@@ -53,7 +69,7 @@ class LLMEngine:
         self.block_manager = BlockManager(self.runner.num_kv_blocks, config.block_size,
                                           enable_prefix_caching=bool(config.enable_prefix_caching))
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
-        self.requests: dict[str, _RequestState] = {}
+        self.requests: dict[str, _Request] = {}
         self.num_steps = 0
         # guided decoding: llguidance tokenizer built on the first guided request, not here
         self.guided = GuidedDecoding(config.model_dir, self.model_config.vocab_size, self.eos_token_ids)
@@ -102,16 +118,32 @@ class LLMEngine:
         if params.guide is not None:  # compile errors name the guide's field; first mask starts now
             stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos))
             seq.guide = self.guided.new_state(params.guide, sorted(stop_ids))
-        self.requests[request_id] = _RequestState(seq, self.tokenizer)
+        seqs = [seq] + self._siblings(seq)
+        self.requests[request_id] = _Request([_RequestState(s, self.tokenizer) for s in seqs])
         self.scheduler.add(seq)
+
+    def _siblings(self, seq: Sequence) -> list[Sequence]:
+        """Sequences 1 .. params.n - 1 of seq's request, each with its own seed (seq_index) and, when
+        guided, its own guide state."""
+        out = []
+        guide = getattr(seq, "guide", None)
+        for i in range(1, seq.params.n):
+            c = Sequence(seq.request_id, seq.token_ids, seq.params, seq.max_tokens, seq.eos_token_ids,
+                         seq.arrival_time, seq_index=i)
+            if guide is not None:
+                c.guide = self.guided.new_state(seq.params.guide, guide.stop_ids.tolist())
+            out.append(c)
+        return out
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Stop a request and free its KV blocks now. Returns its final output, or None if unknown."""
-        st = self.requests.pop(request_id, None)
-        if st is None:
+        req = self.requests.pop(request_id, None)
+        if req is None:
             return None
-        self.scheduler.finish(st.seq, "abort")
-        return self._output(st, "", finished=True, reason="abort")
+        for st in req.states:
+            self.scheduler.finish(st.seq, "abort")
+        req.unfinished = 0
+        return self._output(req, req.states[0], "", seq_finished=True, reason="abort")
 
     def stats(self) -> EngineStats:
         sch = self.scheduler
@@ -132,7 +164,12 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         if not sched.scheduled:
             return []
-        result = self.runner.execute(sched.scheduled, return_logits=return_logits)
+        for s in sched.scheduled:  # n > 1: the other sequences fork when sequence 0 samples first
+            if s.samples and s.seq.num_output_tokens == 0:
+                req = self.requests.get(s.seq.request_id)
+                if req is not None and req.pending:
+                    s.forks = req.pending
+        result = self.runner.execute(sched.scheduled, return_logits=return_logits, copies=sched.copies)
         self.num_steps += 1
         return self._update_from_output(sched.scheduled, result, return_logits)
 
@@ -143,14 +180,31 @@ class LLMEngine:
         for s in scheduled:
             s.seq.num_computed_tokens += s.num_new_tokens
             self.block_manager.commit_full_blocks(s.seq)
+        for s in result.sampled:  # n > 1: the pending sequences now share sequence 0's blocks
+            req = self.requests.get(s.seq.request_id) if s.forks else None
+            if req is not None:
+                for c in s.forks:
+                    self.block_manager.fork(s.seq, c)
+                    c.first_scheduled_time = s.seq.first_scheduled_time
+                    self.scheduler.add_running(c)
+                req.pending = []
+        now = time.monotonic()
+        items = [(row, s.seq, tok, result.logprobs[row])
+                 for row, (s, tok) in enumerate(zip(result.sampled, result.token_ids.tolist()))]
+        if result.forked:
+            items += [(None, c, tok, lp) for c, tok, lp in
+                      zip(result.forked, result.fork_token_ids.tolist(), result.fork_logprobs)]
         outputs = []
-        for row, (s, token) in enumerate(zip(result.sampled, result.token_ids.tolist())):
-            seq = s.seq
-            st = self.requests.get(seq.request_id)
-            if st is None:  # aborted between schedule and now
+        for row, seq, token, logprob in items:
+            req = self.requests.get(seq.request_id)
+            if req is None or seq.is_finished:  # aborted between schedule and now
                 continue
+            st = req.states[seq.seq_index]
             seq.append_token(token)
-            seq.record_logprob(*result.logprobs[row])
+            seq.record_logprob(*logprob)
+            seq.last_token_time = now
+            if seq.first_token_time is None:
+                seq.first_token_time = now
             st.unreported.append(token)
             reason = seq.check_stop(self.config.max_model_len)
             if seq.guide is not None:  # guided: the chosen token advances the guide; complete = "stop"
@@ -167,20 +221,32 @@ class LLMEngine:
                 reason = "stop" if stopped else reason
             if reason is not None:
                 self.scheduler.finish(seq, reason)
-                del self.requests[seq.request_id]
-            out = self._output(st, text, finished=reason is not None, reason=reason)
-            if return_logits:
+                req.unfinished -= 1
+                if req.unfinished == 0:
+                    del self.requests[seq.request_id]
+            out = self._output(req, st, text, seq_finished=reason is not None, reason=reason)
+            if return_logits and row is not None:
                 out.logits = result.logits[row].copy()
             outputs.append(out)
         return outputs
 
-    def _output(self, st: _RequestState, text: str, finished: bool, reason: str | None = None) -> RequestOutput:
+    def _output(self, req: _Request, st: _RequestState, text: str, seq_finished: bool,
+                reason: str | None = None) -> RequestOutput:
+        """The output of one sequence; `finished` once the request's last sequence has ended. Times
+        and KV block counts are the request's (all of its sequences)."""
         seq = st.seq
         ids, st.unreported = st.unreported, []
         lps, seq.pending_logprobs = seq.pending_logprobs, []
+        seqs = [x.seq for x in req.states]
+        firsts = [x.first_token_time for x in seqs if x.first_token_time is not None]
+        lasts = [x.last_token_time for x in seqs if x.last_token_time is not None]
         return RequestOutput(
-            request_id=seq.request_id, text=text, token_ids=ids, finished=finished,
-            finish_reason=reason if finished else None, num_prompt_tokens=seq.num_prompt_tokens,
+            request_id=seq.request_id, text=text, token_ids=ids, finished=req.unfinished == 0,
+            finish_reason=reason if seq_finished else None, num_prompt_tokens=seq.num_prompt_tokens,
             num_output_tokens=seq.num_output_tokens, arrival_time=seq.arrival_time,
-            first_scheduled_time=seq.first_scheduled_time, num_preemptions=seq.num_preemptions,
-            logprobs=lps, cumulative_logprob=seq.cumulative_logprob)
+            first_scheduled_time=seqs[0].first_scheduled_time, num_preemptions=seq.num_preemptions,
+            logprobs=lps, cumulative_logprob=seq.cumulative_logprob, sequence_index=seq.seq_index,
+            sequence_finished=seq_finished, first_token_time=min(firsts) if firsts else None,
+            last_token_time=max(lasts) if lasts else None,
+            num_new_blocks=sum(x.num_new_blocks for x in seqs),
+            num_reused_blocks=sum(x.num_reused_blocks for x in seqs))

@@ -8,6 +8,9 @@ from paddle_llm_engine.errors import InvalidRequestError
 from paddle_llm_engine.guided import GuideSpec
 
 
+MAX_SEQUENCES = 64  # bound of SamplingParams.n
+
+
 @dataclass
 class SamplingParams:
     """How one request samples and when it stops. All values are per request.
@@ -18,6 +21,8 @@ class SamplingParams:
     seed: None draws a fresh seed; otherwise the request's own RNG is seeded with it, so the
         sampled text does not depend on the other requests in the batch.
     max_tokens: None means "until EOS or max_model_len" (resolved by the engine); else >= 1.
+    n: sequences generated from the prompt, 1..MAX_SEQUENCES (TensorRT-LLM's num_return_sequences);
+        they share the prompt's KV blocks, and sequence i samples with the seed seed + i.
     min_tokens: EOS / stop ids are suppressed until this many tokens exist.
     stop_token_ids: extra ids that end generation (finish_reason "stop").
     eos_token_ids: None means the model's generation_config EOS ids.
@@ -43,6 +48,7 @@ class SamplingParams:
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
+    n: int = 1
     max_tokens: int | None = None
     min_tokens: int = 0
     stop_token_ids: list[int] = field(default_factory=list)
@@ -84,6 +90,8 @@ class SamplingParams:
             )
         if self.seed is not None and not (0 <= self.seed < 2**64):
             raise InvalidRequestError("seed", f"must be in [0, 2^64), got {self.seed}")
+        if not (1 <= self.n <= MAX_SEQUENCES):
+            raise InvalidRequestError("n", f"must be in [1, {MAX_SEQUENCES}], got {self.n}")
         for name, ids in (("stop_token_ids", self.stop_token_ids), ("end_id", self.eos_token_ids or [])):
             for t in ids:
                 if not (0 <= t < vocab_size):

@@ -3,7 +3,9 @@ Triton responses, so the engine thread never blocks on Triton's IPC.
 
 Streaming requests get one response per output that carries text (held-back tokens ride along
 with the next one); non-streaming requests get exactly one response at the end (HTTP /generate
-accepts only one). Every request ends with a response flagged FINAL. Client cancellation is noticed
+accepts only one). Every request ends with a response flagged FINAL. A request with n > 1 sequences
+(the ensemble's num_return_sequences) is buffered per sequence: non-streamed, one response per
+sequence when it ends, the last one FINAL. Client cancellation is noticed
 here (response_sender.is_cancelled(), polled every `poll_s`) and turned into an engine abort.
 """
 
@@ -38,20 +40,36 @@ class ResponseOptions:
     return_cumulative_logprob: bool = False
     return_output_ids: bool = False
     zero_logprobs: bool = False             # report 0.0 logprobs (TensorRT-LLM when not asked)
+    return_sequence_index: bool = False     # ensemble protocol: which sequence (n > 1) a response is of
+    return_perf_metrics: bool = False       # ensemble protocol: the request's perf metrics (JSON)
     # the ensemble pipeline's requests: a failure as a final response with the `error` output
     # (ensemble_protocol.py), not as an error response
     errors_as_output: bool = False
 
 
 @dataclass
-class _Pending:
-    sender: object
-    opts: ResponseOptions
+class _SeqBuffer:
+    """What one sequence produced since its last response."""
+
     text: list[str] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)
     logprobs: list = field(default_factory=list)
     sent_any: bool = False
+
+
+@dataclass
+class _Pending:
+    sender: object
+    opts: ResponseOptions
+    seqs: dict[int, _SeqBuffer] = field(default_factory=dict)  # sequence index -> buffer
+    sent_any: bool = False
     cancelled: bool = False
+
+    def buffer(self, seq_index: int) -> _SeqBuffer:
+        b = self.seqs.get(seq_index)
+        if b is None:
+            b = self.seqs[seq_index] = _SeqBuffer()
+        return b
 
 
 class Responder:
@@ -140,14 +158,16 @@ class Responder:
                 p.cancelled = True
                 self._abort(out.request_id)
             return
-        p.text.append(out.text)
-        p.ids.extend(out.token_ids)
-        p.logprobs.extend(out.logprobs)
-        ready = out.finished or (p.opts.stream and "".join(p.text) != "")
+        buf = p.buffer(out.sequence_index)
+        buf.text.append(out.text)
+        buf.ids.extend(out.token_ids)
+        buf.logprobs.extend(out.logprobs)
+        ready = out.sequence_finished or (p.opts.stream and "".join(buf.text) != "")
         if not ready:
             return
-        resp = self._build(p, out)
-        p.text, p.ids, p.logprobs = [], [], []
+        resp = self._build(p, buf, out)
+        buf.text, buf.ids, buf.logprobs = [], [], []
+        buf.sent_any = True
         self._send(p, resp, final=out.finished)
 
     def _send(self, p: _Pending, resp, final: bool) -> None:
@@ -157,28 +177,28 @@ class Responder:
         p.sender.send(resp, flags=flags)
         p.sent_any = True
 
-    def _build(self, p: _Pending, out: RequestOutput):
+    def _build(self, p: _Pending, buf: _SeqBuffer, out: RequestOutput):
         import triton_python_backend_utils as pb_utils
 
         o = p.opts
-        text = "".join(p.text)
-        if not p.sent_any and o.prompt_text is not None:
+        text = "".join(buf.text)
+        if not buf.sent_any and o.prompt_text is not None:
             text = o.prompt_text + text
         tensors = [pb_utils.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_))]
         if o.return_finish_reason:
-            reason = out.finish_reason if out.finished else ""
+            reason = out.finish_reason if out.sequence_finished else ""
             tensors.append(pb_utils.Tensor("finish_reason", np.array([reason.encode()], dtype=np.object_)))
         if o.return_num_input_tokens:
             tensors.append(pb_utils.Tensor("num_input_tokens", np.array([out.num_prompt_tokens], dtype=np.uint32)))
         if o.return_num_output_tokens:
-            n = out.num_output_tokens if not o.stream else len(p.ids)
+            n = out.num_output_tokens if not o.stream else len(buf.ids)
             tensors.append(pb_utils.Tensor("num_output_tokens", np.array([n], dtype=np.uint32)))
         if o.return_cumulative_logprob:
             cum = 0.0 if o.zero_logprobs else out.cumulative_logprob
             tensors.append(pb_utils.Tensor("cumulative_logprob", np.array([cum], dtype=np.float32)))
         if o.return_logprobs:
             entries = []
-            for tok, (lp, top) in zip(p.ids, p.logprobs):
+            for tok, (lp, top) in zip(buf.ids, buf.logprobs):
                 d = {str(tok): {"logprob": lp, "decoded_token": self._decode_token(tok)}}
                 for rank, (alt, alp) in enumerate(top, 1):
                     d.setdefault(str(alt), {"logprob": alp, "rank": rank, "decoded_token": self._decode_token(alt)})
@@ -187,7 +207,13 @@ class Responder:
                 entries.append(d)
             tensors.append(pb_utils.Tensor("logprobs", np.array([json.dumps(entries).encode()], dtype=np.object_)))
         if o.return_output_ids:
-            tensors.append(pb_utils.Tensor("output_ids", np.array(p.ids, dtype=np.int32)))
-            lps = np.array([0.0 if o.zero_logprobs else lp for lp, _ in p.logprobs], dtype=np.float32)
+            tensors.append(pb_utils.Tensor("output_ids", np.array(buf.ids, dtype=np.int32)))
+            lps = np.array([0.0 if o.zero_logprobs else lp for lp, _ in buf.logprobs], dtype=np.float32)
             tensors.append(pb_utils.Tensor("output_log_probs", lps))
+        if o.return_sequence_index:
+            tensors.append(pb_utils.Tensor(ensemble_protocol.SEQUENCE_INDEX,
+                                           np.array([out.sequence_index], dtype=np.int32)))
+        if o.return_perf_metrics:
+            tensors.append(pb_utils.Tensor(ensemble_protocol.PERF_METRICS, np.array(
+                [ensemble_protocol.encode_perf_metrics(out)], dtype=np.object_)))
         return pb_utils.InferenceResponse(output_tensors=tensors)

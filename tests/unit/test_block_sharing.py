@@ -133,3 +133,86 @@ def test_copy_blocks_op_copies_whole_blocks_in_every_layer():
             np.testing.assert_array_equal(new[:, 4 * BS:5 * BS], o[:, BS:2 * BS])
             np.testing.assert_array_equal(new[:, 5 * BS:6 * BS], o[:, 2 * BS:3 * BS])
             np.testing.assert_array_equal(new[:, :4 * BS], o[:, :4 * BS])
+
+
+# -- engine level: n sequences of one request on the tiny random Llama -----------------------------
+
+def _run_n(engine, rid: str, ids: list[int], params: SamplingParams) -> dict[int, dict]:
+    """Submit one request, step to completion; per sequence index: tokens, text, reason."""
+    res: dict[int, dict] = {}
+    engine.add_request(rid, ids, params)
+    finished = False
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            assert not finished, "output after the request finished"
+            r = res.setdefault(out.sequence_index, {"tokens": [], "text": "", "reason": None})
+            assert r["reason"] is None, "output after its sequence finished"
+            r["tokens"] += out.token_ids
+            r["text"] += out.text
+            if out.sequence_finished:
+                r["reason"] = out.finish_reason
+            finished = out.finished
+    assert finished
+    return res
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    from test_engine_tiny import make_engine
+
+    return make_engine(tiny_model_dir, enable_prefix_caching=1)
+
+
+def test_n_sequences_sample_like_single_requests_with_derived_seeds(engine):
+    from test_engine_tiny import BLOCK, prompt
+
+    ids = prompt(2 * BLOCK + 5, salt=11)  # 2 full blocks + a partial one
+    sp = lambda seed, n=1: SamplingParams(temperature=1.0, top_k=50, seed=seed, n=n, max_tokens=24, ignore_eos=True)
+    bm = engine.block_manager
+    copies0, used0 = bm.num_cow_copies, bm.num_used_blocks
+    got = _run_n(engine, "n3", ids, sp(1234, n=3))
+    assert sorted(got) == [0, 1, 2] and all(r["reason"] == "length" for r in got.values())
+    assert all(len(r["tokens"]) == 24 for r in got.values())
+    # the partial prompt block was copied by 2 of its 3 holders; the 2 full ones never
+    assert bm.num_cow_copies - copies0 == 2
+    assert bm.num_used_blocks == used0 == 0, "KV blocks leaked"
+    for i in range(3):  # sequence i samples exactly as a request with seed 1234 + i
+        alone = _run_n(engine, f"alone{i}", ids, sp(1234 + i))[0]
+        assert alone["tokens"] == got[i]["tokens"], f"sequence {i}"
+    assert len({tuple(r["tokens"]) for r in got.values()}) == 3
+    assert _run_n(engine, "again", ids, sp(1234, n=3)) == got  # deterministic
+
+
+def test_n_greedy_and_abort_free_everything(engine):
+    from test_engine_tiny import BLOCK, greedy, prompt
+
+    ids = prompt(BLOCK + 3, salt=12)
+    one = _run_n(engine, "g1", ids, greedy(10))[0]
+    two = _run_n(engine, "g2", ids, greedy(10, n=2))
+    assert two[0]["tokens"] == two[1]["tokens"] == one["tokens"]
+    engine.add_request("ab", ids, greedy(50, n=4))
+    for _ in range(3):
+        engine.step()
+    assert len(engine.scheduler.running) == 4
+    out = engine.abort_request("ab")
+    assert out.finished and out.finish_reason == "abort"
+    assert engine.block_manager.num_used_blocks == 0 and not engine.has_unfinished_requests()
+    engine.add_request("ab0", ids, greedy(50, n=3))  # aborted before the fork
+    assert engine.abort_request("ab0").finished
+    assert engine.block_manager.num_used_blocks == 0 and not engine.scheduler.running
+
+
+def test_request_perf_counters(engine):
+    from test_engine_tiny import BLOCK, greedy, prompt
+
+    ids = prompt(3 * BLOCK + 4, salt=13)
+    outs = []
+    for rid in ("p1", "p2"):
+        engine.add_request(rid, ids, greedy(3))
+        while engine.has_unfinished_requests():
+            outs += [o for o in engine.step() if o.finished]
+    first, second = outs
+    assert first.num_reused_blocks == 0 and first.num_new_blocks == 4
+    assert second.num_reused_blocks == 3 and second.num_new_blocks == 1  # the prefix cache hit
+    for o in outs:
+        assert o.arrival_time <= o.first_scheduled_time <= o.first_token_time <= o.last_token_time

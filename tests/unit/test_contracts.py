@@ -44,7 +44,8 @@ def test_trtllm_greedy_without_top_k_and_top_p_but_temperature_checked_first():
     ({"repetition_penalty": 0.0}, "repetition_penalty"),
     ({"min_tokens": 5, "max_tokens": 2}, "min_tokens"),
     ({"beam_width": 2}, "beam_width"),
-    ({"num_return_sequences": 3}, "num_return_sequences"),
+    ({"num_return_sequences": 0}, "num_return_sequences"),
+    ({"num_return_sequences": 65}, "num_return_sequences"),
     ({"length_penalty": 0.5}, "length_penalty"),
     ({"seed": 1, "random_seed": 2}, "seed"),
     ({"min_tokens": 1, "min_length": 2}, "min_tokens"),
@@ -75,3 +76,8 @@ def test_vllm_unknown_keys_and_bad_types_name_the_key():
     assert field_of(from_vllm_json, '{"max_tokens": "four"}') == "sampling_parameters.max_tokens"
     assert field_of(from_vllm_json, '{"n": 2}') == "sampling_parameters.n"
     assert field_of(from_vllm_json, "[1]") == "sampling_parameters"
+
+
+def test_trtllm_num_return_sequences_sets_n():
+    assert from_trtllm_tensors({"num_return_sequences": 3}, VOCAB).n == 3
+    assert from_trtllm_tensors({}, VOCAB).n == 1

@@ -11,7 +11,7 @@ checked on the client's values before the greedy default rewrites the temperatur
 from __future__ import annotations
 
 from paddle_llm_engine.errors import InvalidRequestError
-from paddle_llm_engine.sampling_params import SamplingParams
+from paddle_llm_engine.sampling_params import MAX_SEQUENCES, SamplingParams
 from paddle_llm_triton import tensors as T
 from paddle_llm_triton.contracts import guided
 
@@ -51,22 +51,23 @@ def from_trtllm_tensors(values: dict, vocab_size: int) -> SamplingParams:
 
     Accepted keys: max_tokens, temperature, top_k, top_p, seed / random_seed, min_tokens /
     min_length, repetition_penalty, presence_penalty, frequency_penalty, end_id, stop_words,
-    bad_words, beam_width (1 only), num_return_sequences (1 only), length_penalty (1.0 only: it only
+    bad_words, beam_width (1 only), num_return_sequences (1..MAX_SEQUENCES, sets n), length_penalty (1.0 only: it only
     acts in beam search), guided_decoding_guide_type / guided_decoding_guide (contracts/guided.py).
     vocab_size: the model's (config.json), bounds end_id. Raises InvalidRequestError naming the tensor.
     """
     if "beam_width" in values and int(values["beam_width"]) != 1:
         raise InvalidRequestError("beam_width", f"only 1 is supported (beam search is not implemented), "
                                                 f"got {values['beam_width']}")
-    if "num_return_sequences" in values and int(values["num_return_sequences"]) != 1:
-        raise InvalidRequestError("num_return_sequences", f"only 1 is supported, got {values['num_return_sequences']}")
+    if "num_return_sequences" in values and not 1 <= int(values["num_return_sequences"]) <= MAX_SEQUENCES:
+        raise InvalidRequestError("num_return_sequences", f"must be in [1, {MAX_SEQUENCES}], "
+                                                          f"got {values['num_return_sequences']}")
     if "length_penalty" in values and float(values["length_penalty"]) != 1.0:
         raise InvalidRequestError("length_penalty", "only 1.0 is supported (it applies to beam search only)")
     if "seed" in values and "random_seed" in values and int(values["seed"]) != int(values["random_seed"]):
         raise InvalidRequestError("seed", "seed and random_seed both given with different values")
     if "min_tokens" in values and "min_length" in values and int(values["min_tokens"]) != int(values["min_length"]):
         raise InvalidRequestError("min_tokens", "min_tokens and min_length both given with different values")
-    p = SamplingParams()
+    p = SamplingParams(n=int(values.get("num_return_sequences", 1)))
     for key, attr, conv in _SCALARS:
         if key in values:
             setattr(p, attr, conv(values[key]))

@@ -53,6 +53,12 @@ class TritonPythonModel:
                                    on_finished=lambda out: self.stops.remove(out.request_id))
         self.metrics.on_state(self.engine.stats())
 
+    def is_ready(self) -> bool:
+        """Model readiness (Triton >= 2.67 calls this on /v2/models/llm/ready; 2.51 never does): ready
+        while the engine serves, not ready once it failed (the llm_engine_healthy gauge says the same)."""
+        loop = getattr(self, "loop", None)
+        return loop is not None and loop.healthy
+
     def _on_engine_failure(self, reason: str):
         """Engine thread, once: the requests in flight already got an error."""
         self.metrics.on_engine_failed()
@@ -114,6 +120,11 @@ class TritonPythonModel:
         text = T.get_str(request, "text_input")
         if ids is not None and not ensemble:
             raise InvalidRequestError(protocol.INPUT_IDS, "an internal input of the ensemble pipeline; send text_input")
+        num_seqs = T.get_int(request, protocol.NUM_SEQUENCES)
+        want_perf = bool(T.get_bool(request, protocol.RETURN_PERF_METRICS))
+        if not ensemble and (num_seqs is not None or want_perf):
+            name = protocol.NUM_SEQUENCES if num_seqs is not None else protocol.RETURN_PERF_METRICS
+            raise InvalidRequestError(name, "an internal input of the ensemble pipeline")
         if ids is not None:
             prompt_ids = [int(x) for x in ids.reshape(-1)]
         elif text is not None:
@@ -144,7 +155,11 @@ class TritonPythonModel:
             return_output_ids=ensemble,
             zero_logprobs=ensemble and not want_lp,
             errors_as_output=ensemble,
+            return_sequence_index=ensemble,
+            return_perf_metrics=want_perf,
         )
+        if num_seqs is not None:  # the ensemble's num_return_sequences (validated by preprocessing)
+            params.n = num_seqs
         if opts.return_logprobs and params.logprobs is None:
             params.logprobs = 0
         # values are computed only when some output will carry them (the ensemble's zeros do not)
