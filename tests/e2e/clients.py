@@ -6,8 +6,8 @@ Triton's vLLM backend call a server, with tritonclient (gRPC streaming) and plai
   as a JSON string whose values are strings, as in Triton's vllm_backend samples.
 - `grpc_stream(...)`: one request on a gRPC bidirectional stream; collects every response until the
   one flagged `triton_final_response` (or an error), with a timeout.
-- `http_generate(...)` / `http_generate_stream(...)`: Triton's generate extension (JSON / SSE).
 - `scrape_metrics(...)`: Prometheus text -> {(name, frozenset(labels)): value}.
+HTTP (generate, generate_stream, readiness) is in http_clients.py.
 """
 
 from __future__ import annotations
@@ -275,66 +275,6 @@ def run_concurrently(fns: Iterable, timeout: float = DEFAULT_TIMEOUT_S) -> list:
     return results
 
 
-# -- HTTP generate extension ---------------------------------------------------------------------
-
-@dataclasses.dataclass
-class HttpResult:
-    status: int
-    body: dict           # parsed JSON body (generate) or {} for a stream
-    events: list[dict]   # SSE events (generate_stream), in order
-    error: str | None    # error message from the body / an SSE error event
-
-    @property
-    def text(self) -> str:
-        if self.events:
-            return "".join(e.get("text_output", "") for e in self.events if "error" not in e)
-        return self.body.get("text_output", "")
-
-
-def http_generate(http_base: str, model: str, payload: dict, timeout: float = DEFAULT_TIMEOUT_S) -> HttpResult:
-    r = requests.post(f"{http_base}/v2/models/{model}/generate", json=payload, timeout=timeout)
-    try:
-        body = r.json()
-    except ValueError:
-        body = {"error": r.text}
-    err = body.get("error") if isinstance(body, dict) else None
-    return HttpResult(r.status_code, body if isinstance(body, dict) else {}, [], err)
-
-
-def iter_sse(response) -> Iterable[dict]:
-    """Parse `data: {...}` lines of a Server-Sent-Events response into dicts."""
-    for line in response.iter_lines(decode_unicode=False):
-        if not line:
-            continue
-        line = line.decode("utf-8")
-        if line.startswith("data:"):
-            data = line[5:].strip()
-            if data:
-                yield json.loads(data)
-
-
-def http_generate_stream(http_base: str, model: str, payload: dict,
-                         timeout: float = DEFAULT_TIMEOUT_S) -> HttpResult:
-    deadline = time.monotonic() + timeout
-    events, err = [], None
-    with requests.post(f"{http_base}/v2/models/{model}/generate_stream", json=payload, stream=True,
-                       timeout=timeout) as r:
-        if r.status_code != 200:
-            try:
-                err = r.json().get("error")
-            except ValueError:
-                err = r.text
-            return HttpResult(r.status_code, {}, [], err)
-        for ev in iter_sse(r):
-            events.append(ev)
-            if "error" in ev:
-                err = ev["error"]
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"generate_stream not finished within {timeout} s")
-        status = r.status_code
-    return HttpResult(status, {}, events, err)
-
-
 # -- metrics -------------------------------------------------------------------------------------
 
 _SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)')
@@ -380,10 +320,3 @@ def scrape_metrics(metrics_url: str, timeout: float = 10.0) -> Metrics:
         labels = frozenset(_LABEL.findall(m.group(2) or ""))
         samples[(m.group(1), labels)] = float(m.group(3))
     return Metrics(r.text, samples, types)
-
-
-def server_ready(http_base: str) -> bool:
-    try:
-        return requests.get(f"{http_base}/v2/health/ready", timeout=5).status_code == 200
-    except requests.RequestException:
-        return False

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from clients import (GrpcStream, ensemble_inputs, ensemble_stream, is_final, llm_inputs, llm_stream,
-                     sampling_json, server_ready)
+from clients import GrpcStream, ensemble_inputs, ensemble_stream, is_final, llm_inputs, llm_stream, sampling_json
+from http_clients import server_ready
 from metrics_util import is_idle, llm_value, wait_for
 
 pytestmark = pytest.mark.e2e

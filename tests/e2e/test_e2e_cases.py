@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from clients import (GrpcStream, decode_str, ensemble_inputs, ensemble_stream, http_generate,
-                     http_generate_stream, llm_stream, server_ready)
+from clients import GrpcStream, decode_str, ensemble_inputs, ensemble_stream, llm_stream
+from http_clients import http_generate, http_generate_stream, server_ready
 
 pytestmark = pytest.mark.e2e
 

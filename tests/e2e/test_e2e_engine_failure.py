@@ -11,8 +11,8 @@ import time
 import pytest
 import requests
 
-from clients import (GrpcStream, ensemble_inputs, ensemble_stream, http_generate, llm_inputs, llm_stream,
-                     run_concurrently, scrape_metrics)
+from clients import GrpcStream, ensemble_inputs, ensemble_stream, llm_inputs, run_concurrently, scrape_metrics
+from http_clients import http_generate
 from repo_edit import set_config_parameter
 
 pytestmark = pytest.mark.e2e

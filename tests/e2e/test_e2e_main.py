@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from clients import (ensemble_stream, http_generate, http_generate_stream, run_concurrently)
+from clients import ensemble_stream, run_concurrently
+from http_clients import http_generate, http_generate_stream
 
 pytestmark = pytest.mark.e2e
 

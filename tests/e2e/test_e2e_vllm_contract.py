@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from clients import (decode_str, grpc_stream, http_generate, http_generate_stream, llm_inputs, llm_stream,
-                     run_concurrently, sampling_json, server_ready)
+from clients import decode_str, grpc_stream, llm_inputs, llm_stream, run_concurrently, sampling_json
+from http_clients import http_generate, http_generate_stream, server_ready
 
 pytestmark = pytest.mark.e2e
 
@@ -120,15 +120,16 @@ def test_return_flags_non_streamed(triton_server, count_tokens, tokenizer):
 
 
 def test_return_flags_streamed(triton_server, count_tokens):
-    r = llm_stream(triton_server.grpc_url, PROMPT, stream=True, sampling_parameters=GREEDY16,
+    r = llm_stream(triton_server.grpc_url, PROMPT, stream=True, sampling_parameters=dict(GREEDY16, logprobs="0"),
                    **ALL_FLAGS).raise_for_error()
     reasons = [decode_str(x, "finish_reason") for x in r.responses]
     assert reasons[-1] == "length"
-    assert all(x == "" for x in reasons[:-1]), reasons
+    assert all(x == "None" for x in reasons[:-1]), reasons  # vLLM: str(None) until the last response
     assert all(int(a.reshape(-1)[0]) == count_tokens(PROMPT) for a in r.all("num_input_tokens"))
     assert sum(int(a.reshape(-1)[0]) for a in r.all("num_output_tokens")) == 16
     entries = entries_of(r)
     assert len(entries) == 16
+    assert all(len(e) == 1 and e[next(iter(e))]["rank"] >= 1 for e in entries)  # logprobs 0: rank still there
     total = sum(e[next(iter(e))]["logprob"] for e in entries)
     assert float(scalar(r, "cumulative_logprob")) == pytest.approx(total, abs=1e-3)
 
@@ -155,6 +156,8 @@ def test_flags_absent_gives_only_text(triton_server):
 ], ids=["unknown_key", "temperature_abc", "max_tokens_word", "top_p_0", "top_p_1.5", "temperature_neg",
         "top_k_neg", "ignore_eos_word"])
 def test_bad_sampling_parameters_name_the_field(triton_server, params, field):
+    """One form for unknown keys, type errors and range errors alike: sampling_parameters.<key>."""
+    field = f"sampling_parameters.{field}: "
     r = llm_stream(triton_server.grpc_url, PROMPT, stream=True, sampling_parameters=params)
     assert_error_names(r, field)
     h = http_generate(triton_server.http_base, "llm",
