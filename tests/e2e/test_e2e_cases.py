@@ -1,6 +1,8 @@
-"""Cases C1-C4, C6, C7 of shared/cases/README.md against the real tritonserver (C5, the
-metrics, is in test_e2e_metrics.py). Every case runs through the TensorRT-LLM-style `ensemble` and,
-where the case needs finish_reason or token counts, through `llm` directly (vLLM contract)."""
+"""Known failure modes of LLM serving, against the real tritonserver: U+FFFD from multi-byte
+characters split across tokens, lost word-boundary spaces when streaming, EOS ignored without an
+explicit end_id, prompts over max_model_len, a silent max_tokens default, max_tokens 0 / 1 and empty
+prompts (the metrics are in test_e2e_metrics.py). Every case runs through the TensorRT-LLM-style
+`ensemble` and, where it needs finish_reason or token counts, through `llm` directly (vLLM contract)."""
 
 from __future__ import annotations
 
@@ -54,13 +56,13 @@ def logprob_entries(r) -> list[tuple[int, dict]]:
     return out
 
 
-# -- C1: no U+FFFD from multi-byte characters split across byte tokens -----------------------------
+# -- no U+FFFD from multi-byte characters split across byte tokens ---------------------------------
 
-C1_PROMPTS = ["What does 谢谢 mean?", "Write three emojis that describe happiness."]
+SPLIT_CHAR_PROMPTS = ["What does 谢谢 mean?", "Write three emojis that describe happiness."]
 
 
-@pytest.mark.parametrize("prompt", C1_PROMPTS, ids=["cjk", "emoji"])
-def test_c1_ensemble_stream_has_no_replacement_char_and_matches_non_streamed(triton_server, prompt):
+@pytest.mark.parametrize("prompt", SPLIT_CHAR_PROMPTS, ids=["cjk", "emoji"])
+def test_ensemble_stream_has_no_replacement_char_and_matches_non_streamed(triton_server, prompt):
     url = triton_server.grpc_url
     params = dict(apply_chat_template=True, temperature=0.0, max_tokens=32)
     s = ensemble_stream(url, prompt, stream=True, **params).raise_for_error()
@@ -81,10 +83,10 @@ def test_c1_ensemble_stream_has_no_replacement_char_and_matches_non_streamed(tri
     assert h.text == joined
 
 
-def test_c1_llm_stream_byte_tokens_are_joined_before_sending(triton_server, chat_prompt, tokenizer):
+def test_llm_stream_byte_tokens_are_joined_before_sending(triton_server, chat_prompt, tokenizer):
     """The answer's CJK character is made of byte tokens (each alone decodes to U+FFFD); the stream
     never shows those halves, and the joined deltas equal the tokenizer's decode of all tokens."""
-    prompt = chat_prompt(C1_PROMPTS[0])
+    prompt = chat_prompt(SPLIT_CHAR_PROMPTS[0])
     r = llm_stream(triton_server.grpc_url, prompt, stream=True,
                    sampling_parameters=dict(GREEDY, max_tokens="24"), return_logprobs=True).raise_for_error()
     deltas = r.texts()
@@ -92,14 +94,14 @@ def test_c1_llm_stream_byte_tokens_are_joined_before_sending(triton_server, chat
     entries = logprob_entries(r)
     ids = [t for t, _ in entries]
     split = [e["decoded_token"] for _, e in entries if REPLACEMENT in e["decoded_token"]]
-    assert split, "no byte-level token in the answer: the test would not exercise C1"
+    assert split, "no byte-level token in the answer: the test would not exercise split characters"
     assert "".join(deltas) == tokenizer.decode(ids, skip_special_tokens=True)
     assert any(ord(c) > 127 for c in "".join(deltas))
 
 
-# -- C2: SentencePiece / byte-level BPE word boundaries kept in streaming --------------------------
+# -- SentencePiece / byte-level BPE word boundaries kept in streaming ------------------------------
 
-def test_c2_ensemble_stream_keeps_spaces(triton_server):
+def test_ensemble_stream_keeps_spaces(triton_server):
     url = triton_server.grpc_url
     prompt = "Write two sentences about cats."
     params = dict(apply_chat_template=True, temperature=0.0, max_tokens=32)
@@ -114,7 +116,7 @@ def test_c2_ensemble_stream_keeps_spaces(triton_server):
     assert all(len(w) < 20 for w in words), f"words glued together: {joined!r}"
 
 
-def test_c2_llm_stream_keeps_spaces_and_equals_decode(triton_server, tokenizer):
+def test_llm_stream_keeps_spaces_and_equals_decode(triton_server, tokenizer):
     r = llm_stream(triton_server.grpc_url, "Once upon a time", stream=True,
                    sampling_parameters=dict(GREEDY, max_tokens="16"), return_logprobs=True).raise_for_error()
     deltas = r.texts()
@@ -127,28 +129,28 @@ def test_c2_llm_stream_keeps_spaces_and_equals_decode(triton_server, tokenizer):
     assert n.raise_for_error().text == "".join(deltas)
 
 
-# -- C3: EOS from generation_config when the client sends no end_id / stop_token_ids ---------------
+# -- EOS from generation_config when the client sends no end_id / stop_token_ids -------------------
 
-C3_QUESTION = "What is the capital of France?"
+EOS_QUESTION = "What is the capital of France?"
 NEVER_TOKEN = 49151  # last vocabulary id: never produced for this prompt
 
 
-def test_c3_ensemble_stops_at_eos_without_end_id(triton_server):
+def test_ensemble_stops_at_eos_without_end_id(triton_server):
     url = triton_server.grpc_url
     base = dict(apply_chat_template=True, temperature=0.0, stream=False, exclude_input_in_output=True,
                 return_log_probs=True)
-    r = ensemble_stream(url, C3_QUESTION, max_tokens=32, **base).raise_for_error()
+    r = ensemble_stream(url, EOS_QUESTION, max_tokens=32, **base).raise_for_error()
     n_default = r.last("output_log_probs").size
     assert 0 < n_default < 32, f"did not stop at EOS: {n_default} tokens, {r.text!r}"
     assert "Paris" in r.text
     # With an end_id that never appears, the same request runs past the model's EOS to max_tokens.
-    r2 = ensemble_stream(url, C3_QUESTION, max_tokens=n_default + 4, end_id=NEVER_TOKEN, **base).raise_for_error()
+    r2 = ensemble_stream(url, EOS_QUESTION, max_tokens=n_default + 4, end_id=NEVER_TOKEN, **base).raise_for_error()
     assert r2.last("output_log_probs").size == n_default + 4
     assert r2.text.startswith(r.text) and len(r2.text) > len(r.text), (r.text, r2.text)
 
 
-def test_c3_llm_finish_reason_stop_without_stop_token_ids(triton_server, chat_prompt):
-    prompt = chat_prompt(C3_QUESTION)
+def test_llm_finish_reason_stop_without_stop_token_ids(triton_server, chat_prompt):
+    prompt = chat_prompt(EOS_QUESTION)
     r = llm_stream(triton_server.grpc_url, prompt, stream=False, exclude_input_in_output=True,
                    sampling_parameters=dict(GREEDY, max_tokens="32"), **COUNTS).raise_for_error()
     assert finish_reason(r) == "stop"
@@ -167,7 +169,7 @@ def test_c3_llm_finish_reason_stop_without_stop_token_ids(triton_server, chat_pr
     assert s.text == r.text
 
 
-# -- C4: prompts over max_model_len ----------------------------------------------------------------
+# -- prompts over max_model_len --------------------------------------------------------------------
 
 def _prompt_of(n_tokens: int, count_tokens) -> str:
     """A prompt of exactly n_tokens tokens built from a repeated word."""
@@ -182,12 +184,12 @@ def _prompt_of(n_tokens: int, count_tokens) -> str:
 
 
 @pytest.fixture(scope="module")
-def c4_prompts(max_model_len, count_tokens):
+def long_prompts(max_model_len, count_tokens):
     return {"over": _prompt_of(max_model_len + 1, count_tokens),
             "near": _prompt_of(max_model_len - 1, count_tokens)}
 
 
-def test_c4_long_prompts_rejected_while_other_requests_keep_running(triton_server, c4_prompts, max_model_len):
+def test_long_prompts_rejected_while_other_requests_keep_running(triton_server, long_prompts, max_model_len):
     url, http = triton_server.grpc_url, triton_server.http_base
     normal = dict(apply_chat_template=True, temperature=0.0, max_tokens=32)
     q = "Name three colors."
@@ -197,7 +199,7 @@ def test_c4_long_prompts_rejected_while_other_requests_keep_running(triton_serve
     first, err = running.next()
     assert err is None, err
     try:
-        over, near = c4_prompts["over"], c4_prompts["near"]
+        over, near = long_prompts["over"], long_prompts["near"]
         n_over, n_near = max_model_len + 1, max_model_len - 1
         # prompt of max_model_len + 1 tokens: names both counts
         for r in (ensemble_stream(url, over, stream=True, max_tokens=8),
@@ -226,34 +228,34 @@ def test_c4_long_prompts_rejected_while_other_requests_keep_running(triton_serve
     assert server_ready(http)
 
 
-# -- C6: max_tokens absent -> until EOS (never a silent 16) ----------------------------------------
+# -- max_tokens absent -> until EOS (never a silent 16) --------------------------------------------
 
-C6_PROMPT = "Write two sentences about cats."
+UNTIL_EOS_PROMPT = "Write two sentences about cats."
 
 
-def test_c6_llm_without_max_tokens_runs_to_eos(triton_server, chat_prompt):
-    r = llm_stream(triton_server.grpc_url, chat_prompt(C6_PROMPT), stream=False, exclude_input_in_output=True,
+def test_llm_without_max_tokens_runs_to_eos(triton_server, chat_prompt):
+    r = llm_stream(triton_server.grpc_url, chat_prompt(UNTIL_EOS_PROMPT), stream=False, exclude_input_in_output=True,
                    sampling_parameters=GREEDY, timeout=300, **COUNTS).raise_for_error()
     assert num_output_tokens(r) > 16, f"output cut at {num_output_tokens(r)} tokens: {r.text!r}"
     assert finish_reason(r) == "stop"
     assert r.text.rstrip().endswith((".", "!", "?")), r.text
 
 
-def test_c6_ensemble_without_max_tokens_runs_to_eos(triton_server):
-    s = ensemble_stream(triton_server.grpc_url, C6_PROMPT, stream=True, apply_chat_template=True,
+def test_ensemble_without_max_tokens_runs_to_eos(triton_server):
+    s = ensemble_stream(triton_server.grpc_url, UNTIL_EOS_PROMPT, stream=True, apply_chat_template=True,
                         temperature=0.0, return_log_probs=True, timeout=300).raise_for_error()
     n_tokens = sum(a.size for a in s.all("output_log_probs"))
     assert n_tokens > 16, f"output cut at {n_tokens} tokens: {s.text!r}"
     assert s.text.rstrip().endswith((".", "!", "?")), s.text
 
 
-# -- C7: max_tokens 1 / 0, empty prompt ------------------------------------------------------------
+# -- max_tokens 1 / 0, empty prompt ----------------------------------------------------------------
 
 EOS_FIRST_PROMPT = "What is the capital of France?"  # raw (no chat template): SmolLM2 answers EOS at once
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["non_streamed", "streamed"])
-def test_c7_llm_max_tokens_1_min_tokens_1(triton_server, stream):
+def test_llm_max_tokens_1_min_tokens_1(triton_server, stream):
     url = triton_server.grpc_url
     # without min_tokens the first token is EOS (finish "stop"): min_tokens=1 must suppress it
     base = llm_stream(url, EOS_FIRST_PROMPT, stream=False, exclude_input_in_output=True,
@@ -268,7 +270,7 @@ def test_c7_llm_max_tokens_1_min_tokens_1(triton_server, stream):
     assert len(entries) == 1 and entries[0][0] != 2, entries  # one token, not EOS (<|im_end|> = 2)
 
 
-def test_c7_ensemble_max_tokens_1_min_tokens_1(triton_server):
+def test_ensemble_max_tokens_1_min_tokens_1(triton_server):
     url = triton_server.grpc_url
     params = dict(apply_chat_template=True, temperature=0.0)
     full = ensemble_stream(url, "What is the capital of France?", stream=True, max_tokens=8, **params)
@@ -283,7 +285,7 @@ def test_c7_ensemble_max_tokens_1_min_tokens_1(triton_server):
     assert r2.last("output_log_probs").size == 1 and r2.text == first_delta
 
 
-def test_c7_max_tokens_0_is_invalid_arg(triton_server):
+def test_max_tokens_0_is_invalid_arg(triton_server):
     url, http = triton_server.grpc_url, triton_server.http_base
     assert_grpc_invalid(ensemble_stream(url, "Hello", stream=True, max_tokens=0), "max_tokens")
     assert_grpc_invalid(llm_stream(url, "Hello", stream=True, sampling_parameters={"max_tokens": "0"}),
@@ -294,7 +296,7 @@ def test_c7_max_tokens_0_is_invalid_arg(triton_server):
     assert_grpc_invalid(ensemble_stream(url, "Hello", stream=True, max_tokens=-3), "max_tokens")
 
 
-def test_c7_empty_text_input_is_invalid_arg(triton_server):
+def test_empty_text_input_is_invalid_arg(triton_server):
     url, http = triton_server.grpc_url, triton_server.http_base
     assert_grpc_invalid(ensemble_stream(url, "", stream=True, max_tokens=4), "text_input")
     assert_grpc_invalid(llm_stream(url, "", stream=True, sampling_parameters={"max_tokens": "4"}), "text_input")

@@ -1,5 +1,5 @@
-"""C5: the documented LLM metrics on Triton's metrics endpoint, with model / version labels and
-values consistent with the requests sent."""
+"""The LLM metrics README "Metrics" documents, on Triton's metrics endpoint, with model / version
+labels and values consistent with the requests sent."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def _snapshot(m):
     return snap
 
 
-def test_c5_documented_families_present_with_labels(triton_server):
+def test_documented_families_present_with_labels(triton_server):
     llm_stream(triton_server.grpc_url, PROMPT, stream=True,
                sampling_parameters={"temperature": "0", "max_tokens": "4"}).raise_for_error()
     m = scrape_metrics(triton_server.metrics_url)
@@ -40,7 +40,7 @@ def test_c5_documented_families_present_with_labels(triton_server):
     assert m.find("llm_requests_total", model="llm", version="1", finish_reason="length")
 
 
-def test_c5_values_consistent_with_one_request(triton_server):
+def test_values_consistent_with_one_request(triton_server):
     url, murl = triton_server.grpc_url, triton_server.metrics_url
     before_m, _ = wait_for(murl, is_idle, timeout=30)
     before = _snapshot(before_m)
@@ -80,7 +80,7 @@ def test_c5_values_consistent_with_one_request(triton_server):
     assert 0.0 <= llm_value(after_m, "llm_prefix_cache_hit_ratio") <= 1.0
 
 
-def test_c5_stop_finish_reason_counted(triton_server):
+def test_stop_finish_reason_counted(triton_server):
     url, murl = triton_server.grpc_url, triton_server.metrics_url
     before_m, _ = wait_for(murl, is_idle, timeout=30)
     before = _snapshot(before_m)
@@ -97,7 +97,7 @@ def test_c5_stop_finish_reason_counted(triton_server):
     assert after["llm_generation_tokens_total"] - before["llm_generation_tokens_total"] == n_out
 
 
-def test_c5_running_gauge_and_used_blocks_during_generation(triton_server):
+def test_running_gauge_and_used_blocks_during_generation(triton_server):
     """While a request generates, running is 1 and it holds KV blocks."""
     from clients import GrpcStream, llm_inputs
 

@@ -67,7 +67,7 @@ def test_special_tokens_skipped_or_kept(smollm2_tokenizer):
 
 def test_invalid_utf8_from_the_model_never_reaches_the_client(smollm2_tokenizer):
     """Seen with SmolLM2 on "Translate to Chinese": a truncated 3-byte character (EF BC) followed by a
-    whole one. The decoder renders the dead bytes as U+FFFD; we drop them (case C1)."""
+    whole one. The decoder renders the dead bytes as U+FFFD; we drop them (a client never sees U+FFFD)."""
     tok = smollm2_tokenizer
     bang = list(tok.encode("！"))
     assert tok.decode([bang[0]]) == REPLACEMENT  # the first byte token alone is incomplete
