@@ -10,7 +10,6 @@ protocol of paddle_llm_triton/ensemble_protocol.py (marked by its ENSEMBLE_STEP 
 
 import json
 import logging
-import os
 import uuid
 
 import triton_python_backend_utils as pb_utils
