@@ -17,9 +17,48 @@ _FAMILY_DEFAULTS: dict[str, dict] = {
     "qwen3": {"head_dim": 128, "max_position_embeddings": 32768},
     "ernie4_5": {"head_dim": 128, "tie_word_embeddings": True, "rope_theta": 500000.0, "rms_norm_eps": 1e-5,
                  "max_position_embeddings": 131072},
+    # The MoE config classes define no head_dim field: HF's attention uses config.json's or hidden / heads.
+    "qwen2_moe": {"max_position_embeddings": 32768},
+    "qwen3_moe": {"max_position_embeddings": 32768},
+    "ernie4_5_moe": {"tie_word_embeddings": True, "rope_theta": 500000.0, "rms_norm_eps": 1e-5,
+                     "max_position_embeddings": 131072},
+}
+# HF's defaults for the MoE fields of each family's config class (Qwen2MoeConfig, Qwen3MoeConfig,
+# Ernie4_5_MoeConfig in transformers 5), under config.json's names.
+_MOE_DEFAULTS: dict[str, dict] = {
+    "qwen2_moe": {"num_experts": 60, "num_experts_per_tok": 4, "moe_intermediate_size": 1408,
+                  "shared_expert_intermediate_size": 5632, "norm_topk_prob": False, "decoder_sparse_step": 1},
+    "qwen3_moe": {"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
+                  "norm_topk_prob": False, "decoder_sparse_step": 1},
+    "ernie4_5_moe": {"moe_num_experts": 64, "moe_k": 6, "moe_intermediate_size": 1536, "moe_num_shared_experts": 2,
+                     "moe_layer_start_index": 1, "moe_layer_end_index": -1, "moe_layer_interval": 1,
+                     "moe_norm_min": 1e-12},
 }
 _LLAMA_DEFAULTS = {"head_dim": None, "tie_word_embeddings": False, "rope_theta": 10000.0, "rms_norm_eps": 1e-6,
                    "max_position_embeddings": 2048}
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """Mixture-of-experts hyper-parameters, the same for every family once read (see _moe_config).
+
+    num_experts / top_k / intermediate_size: routed experts, experts per token, each expert's MLP
+    width. layers: the decoder layers whose MLP is sparse, by the family's HF rule (the others are
+    dense MLPs of ModelConfig.intermediate_size). shared_intermediate_size: width of the shared
+    expert MLP every token also goes through (0: none); shared_expert_gate: Qwen2-MoE's
+    sigmoid(x @ w) [H, 1] scale on it. router: "softmax_topk" (Qwen: top-k of the softmax,
+    renormalized to sum 1 when norm_topk_prob) or "softmax_bias_topk" (ERNIE: experts picked by
+    softmax + e_score_correction_bias, weighted by their softmax values / max(sum, norm_min))."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    layers: tuple[int, ...]
+    router: str
+    shared_intermediate_size: int = 0
+    shared_expert_gate: bool = False
+    norm_topk_prob: bool = False
+    norm_min: float = 0.0
 
 
 @dataclass
@@ -53,6 +92,8 @@ class ModelConfig:
     use_bias: bool = False           # ERNIE 4.5: biases on every Linear except lm_head
     use_sliding_window: bool = False  # Qwen2/3: sliding-window layers (not supported: the model refuses it)
     hidden_act: str = "silu"
+    qkv_bias: bool = True            # Qwen2-MoE: q/k/v biases (Qwen2MoeConfig.qkv_bias)
+    moe: MoEConfig | None = None     # mixture-of-experts families; None: every MLP is dense
 
     @classmethod
     def from_dir(cls, model_dir: str | os.PathLike) -> "ModelConfig":
@@ -89,7 +130,54 @@ class ModelConfig:
             use_bias=bool(cfg.get("use_bias", False)),
             use_sliding_window=bool(cfg.get("use_sliding_window", False)),
             hidden_act=cfg.get("hidden_act", "silu"),
+            qkv_bias=bool(cfg.get("qkv_bias", True)),
+            moe=_moe_config(cfg, model_type),
         )
+
+
+def _moe_config(cfg: dict, model_type: str) -> MoEConfig | None:
+    """The MoEConfig of a MoE family's config.json (HF's defaults for omitted fields), None for
+    the dense families. Raises ValueError naming a setting HF's model would read differently or that
+    is not supported (lists where HF takes one number, as ERNIE-VL's multimodal expert groups)."""
+    if model_type not in _MOE_DEFAULTS:
+        return None
+    dflt = _MOE_DEFAULTS[model_type]
+    aliases = {"moe_num_experts": "num_experts", "moe_k": "num_experts_per_tok",  # Ernie4_5_MoeConfig.attribute_map
+               "num_experts": "num_local_experts"}                               # Qwen3MoeConfig.attribute_map
+
+    def num(key: str, kind=int):
+        v = cfg.get(key, cfg.get(aliases.get(key, ""), dflt.get(key)))
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and v != int(v)):
+            raise ValueError(f"{model_type}: {key}={v!r} is not supported (one {kind.__name__} expected)")
+        return kind(v)
+
+    n_layers = cfg["num_hidden_layers"]
+    if model_type == "ernie4_5_moe":
+        experts, top_k = num("moe_num_experts"), num("moe_k")
+        start, end, interval = num("moe_layer_start_index"), num("moe_layer_end_index"), num("moe_layer_interval")
+        end = n_layers - 1 if end == -1 else end
+        if interval < 1:
+            raise ValueError(f"{model_type}: moe_layer_interval={interval} must be >= 1")
+        layers = tuple(i for i in range(n_layers) if (i + 1) % interval == 0 and start <= i <= end)
+        shared = num("moe_num_shared_experts")
+        moe = dict(router="softmax_bias_topk", shared_intermediate_size=num("moe_intermediate_size") * shared,
+                   norm_min=num("moe_norm_min", float))
+    else:
+        experts, top_k = num("num_experts"), num("num_experts_per_tok")
+        step = num("decoder_sparse_step")
+        if step < 1:
+            raise ValueError(f"{model_type}: decoder_sparse_step={step} must be >= 1")
+        dense = cfg.get("mlp_only_layers") or []
+        if not isinstance(dense, (list, tuple)) or not all(isinstance(i, int) for i in dense):
+            raise ValueError(f"{model_type}: mlp_only_layers={dense!r} is not supported (a list of layer indices)")
+        layers = tuple(i for i in range(n_layers) if i not in dense and experts > 0 and (i + 1) % step == 0)
+        moe = dict(router="softmax_topk", norm_topk_prob=bool(cfg.get("norm_topk_prob", dflt["norm_topk_prob"])))
+        if model_type == "qwen2_moe":
+            moe.update(shared_intermediate_size=num("shared_expert_intermediate_size"), shared_expert_gate=True)
+    if layers and not 1 <= top_k <= experts:
+        raise ValueError(f"{model_type}: {top_k} experts per token of {experts} experts is not supported")
+    return MoEConfig(num_experts=experts, top_k=top_k, intermediate_size=num("moe_intermediate_size"),
+                     layers=layers, **moe)
 
 
 def _rope(cfg: dict, default_theta: float, max_pos: int) -> tuple[float, dict | None]:

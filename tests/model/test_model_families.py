@@ -1,6 +1,9 @@
 """Every supported model family against HF transformers (torch CPU, fp32, eager attention), on tiny
 random checkpoints: Llama tied / untied with llama3 rope_scaling and biases, Qwen2, Qwen2 with yarn,
-Qwen3 (q/k norm, explicit head_dim), ERNIE 4.5 (interleaved rotary, explicit head_dim).
+Qwen3 (q/k norm, explicit head_dim), ERNIE 4.5 (interleaved rotary, explicit head_dim), and the
+mixture-of-experts families Qwen3-MoE, Qwen2-MoE (shared expert with its gate) and ERNIE 4.5 MoE
+(routing bias, shared experts; and one with moe_layer_interval 2, k=3, no bias), dense and MoE
+layers mixed (test_moe_families.py has the MoE-only checks).
 
 The checkpoints are not committed: tests/reference/tiny_checkpoints.py regenerates each one with
 numpy into tmp_path, and its tensors' sha256 must equal the one recorded when the fixture was made
@@ -17,11 +20,17 @@ step budget so prompts are split into chunks that share steps with decodes.
 Measured on the 2-core dev machine (paddle 3.3.1 CPU vs torch 2.13.0 CPU, transformers 5.24.0),
 logits being O(10-40) (|max| 34-44), max abs diff over all 64 rows per family, mixed / chunked:
   llama_tied 9.0e-5 / 9.6e-5, llama_untied 2.7e-5 / 2.8e-5, qwen2 4.8e-5 / 4.3e-5,
-  qwen2_yarn 5.6e-5 / 5.4e-5, qwen3 1.04e-4 / 1.05e-4, ernie4_5 5.5e-5 / 6.0e-5.
+  qwen2_yarn 5.6e-5 / 5.4e-5, qwen3 1.04e-4 / 1.05e-4, ernie4_5 5.5e-5 / 6.0e-5;
+  (4-5 layers) qwen3_moe 2.4e-4 / 3.1e-4, qwen2_moe 1.3e-4 / 9.9e-5, ernie4_5_moe 2.5e-4 / 1.8e-4,
+  ernie4_5_moe_interval 2.7e-4 / 1.4e-4 (the composed kernels; mixed, chunked).
 LOGIT_ATOL = 1e-3 (as for SmolLM2) leaves ~10x margin for other CPUs / BLAS paths; a real error
 (wrong rotary pairing or scaling, missing bias or norm, wrong head_dim) moves logits by O(1) and
-flips tokens (checked by breaking ERNIE's interleaved rotary and yarn's attention factor). The
-smallest top-1/top-2 gap in the fixtures is 0.012 (qwen2_yarn), so greedy tokens are stable under it.
+flips tokens (checked by breaking ERNIE's interleaved rotary and yarn's attention factor; for MoE
+by dropping ERNIE's routing bias or shared experts, flipping norm_topk_prob, dropping Qwen2-MoE's
+shared-expert gate, using k-1 experts: each flips tokens in 3 or 4 of the 4 prompts). The smallest
+top-1/top-2 gap in the fixtures is 0.0099 (ernie4_5_moe), so greedy tokens are stable under it; the
+smallest routing margin (k-th vs (k+1)-th expert, relative, see make_tiny_references.RoutingStats)
+is 6e-4, far above rounding, so both sides route every token to the same experts.
 The tensors' sha256 is checked rather than the file's (also recorded) so that a safetensors release
 that encodes the header differently does not invalidate the fixtures.
 """

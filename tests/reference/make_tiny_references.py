@@ -17,7 +17,9 @@ Writes into tests/reference/fixtures/:
     output_ids    [4, 16] int32        greedy tokens
     logits        [4, 16, 512] float32 the full raw logits row behind every output token
   tiny_<family>.json  config.json as written, tensors_sha256 (see tiny_checkpoints.tensors_sha256)
-                      and the model.safetensors file sha256, versions, smallest top-1/top-2 gap.
+                      and the model.safetensors file sha256, versions, smallest top-1/top-2 gap;
+                      MoE families also the smallest routing margin (k-th vs (k+1)-th expert score)
+                      and how many router calls left experts idle (see RoutingStats).
 
 Deterministic: numpy-seeded weights, fixed thread count, greedy decoding.
 """
@@ -53,6 +55,43 @@ def greedy(model, ids: list[int], n_new: int) -> tuple[list[int], np.ndarray]:
     return tokens, rows
 
 
+class RoutingStats:
+    """Forward hooks on HF's MoE routers (mixture-of-experts families; nothing for dense ones):
+    the smallest routing margin of any token, i.e. the gap between the k-th and (k+1)-th expert's
+    selection score (ERNIE: softmax + e_score_correction_bias; Qwen: softmax) relative to the sum of
+    those two experts' probabilities (the scale rounding noise in the scores has: for softmax
+    selection about half the router-logit gap), and how many router calls (one per MoE layer per
+    forward) left some experts without a token."""
+
+    def __init__(self, model):
+        self.margins, self.hit, self.calls = [], [], 0
+        self.handles = [m.register_forward_hook(self._hook) for m in model.modules()
+                        if type(m).__name__.endswith("TopKRouter")]
+
+    def _hook(self, module, args, out):
+        logits, _, idx = out
+        probs = torch.softmax(logits.float(), dim=-1)
+        scores = probs
+        if hasattr(module, "moe_statics"):
+            scores = probs + module.moe_statics.e_score_correction_bias.float().squeeze()
+        top, pos = torch.topk(scores, idx.shape[-1] + 1, dim=-1)
+        pair = torch.gather(probs, -1, pos[:, -2:]).sum(-1)
+        self.margins.append(float(((top[:, -2] - top[:, -1]) / pair).min()))
+        self.hit.append(int(torch.unique(idx).numel()))
+        self.num_experts = scores.shape[-1]
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+
+    def summary(self) -> dict:
+        if not self.handles:
+            return {}
+        return {"moe_min_routing_margin": min(self.margins), "moe_router_calls": len(self.hit),
+                "moe_router_calls_with_idle_experts": sum(h < self.num_experts for h in self.hit),
+                "moe_min_experts_hit_in_a_call": min(self.hit)}
+
+
 def make_fixture(family: str, out_dir: Path) -> dict:
     import json
 
@@ -63,8 +102,11 @@ def make_fixture(family: str, out_dir: Path) -> dict:
         model_dir = tc.make_checkpoint(family, tmp)
         model, info = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32,
                                                            attn_implementation="eager", output_loading_info=True)
+        allowed = tc.HF_INITIALIZED.get(family, ())
+        info["missing_keys"] = [k for k in info.get("missing_keys", ()) if not k.endswith(allowed or ("\0",))]
         bad = {k: v for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
         assert not bad, f"{family}: HF did not load the checkpoint exactly: {bad}"
+        routing = RoutingStats(model)
         cfg = tc.config_json(family)
         assert type(model).__name__ == cfg["architectures"][0], type(model).__name__
         emb = model.get_input_embeddings().weight
@@ -81,6 +123,7 @@ def make_fixture(family: str, out_dir: Path) -> dict:
         logits = np.zeros((len(prompts), n_new, tc.VOCAB), np.float32)
         for i, ids in enumerate(prompts):
             out_ids[i], logits[i] = greedy(model, ids, n_new)
+        routing.remove()
         del model
 
     top2 = np.sort(logits, axis=-1)[..., -2:]
@@ -106,6 +149,7 @@ def make_fixture(family: str, out_dir: Path) -> dict:
         "max_new_tokens": n_new,
         "min_top1_top2_gap": min_gap,
         "logits_abs_max": float(np.abs(logits).max()),
+        **routing.summary(),
     }
     (out_dir / f"tiny_{family}.json").write_text(json.dumps(meta, indent=1) + "\n")
     print(f"{family}: wrote {npz.name} ({npz.stat().st_size / 1024:.0f} KiB); min top-1/top-2 gap {min_gap:.3f}; "

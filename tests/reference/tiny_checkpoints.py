@@ -16,12 +16,26 @@ FAMILIES (name -> what it covers):
   qwen2_yarn    Qwen2, untied, yarn rope_scaling in the old {"type": ...} spelling
   qwen3         Qwen3, q_norm/k_norm, explicit head_dim 32 != hidden/heads, tied (Qwen3-0.6B-like)
   ernie4_5      ERNIE 4.5 dense, interleaved rotary, explicit head_dim 32, use_bias false, tied (0.3B-like)
+Mixture-of-experts families (8 routed experts, expert intermediate 32, 4-5 layers with dense and MoE
+layers mixed; prompts of 3 tokens and decode steps route to fewer than 8 experts, so some experts
+receive no token in those steps):
+  qwen3_moe     Qwen3-MoE, top-2, norm_topk_prob, mlp_only_layers [0, 2] (MoE layers 1, 3), q/k norm,
+                explicit head_dim 32, untied (Qwen3-30B-A3B-like)
+  qwen2_moe     Qwen2-MoE, top-2, unnormalized top-k, decoder_sparse_step 2 (MoE layers 1, 3), shared
+                expert (intermediate 96) with its sigmoid gate, q/k/v biases, untied (Qwen1.5-MoE-like)
+  ernie4_5_moe  ERNIE 4.5 MoE, moe_k 2, moe_layer_start_index 1 / moe_layer_end_index 3 of 5 layers
+                (MoE layers 1-3), 2 shared experts, routing bias e_score_correction_bias, no head_dim
+                in config.json (HF: hidden / heads = 16), tied (ERNIE-4.5-21B-A3B-like)
+  ernie4_5_moe_interval  ERNIE 4.5 MoE, moe_k 3, moe_layer_start_index 0 / moe_layer_interval 2 (MoE
+                layers 1, 3), no shared experts, no routing bias in the checkpoint (HF: zeros)
 
 The init is scaled up on purpose (as tests/unit/tiny_model.py explains): logits of std ~8 keep
 greedy choices far from ties, and sharp attention makes a wrong position, rotary pairing or KV slot
 change the output. The o_proj and down_proj outputs are scaled up (gain 3) so that the blocks, not
 the token's own embedding, dominate the residual stream: with tied embeddings a weak stack just
-repeats the last prompt token.
+repeats the last prompt token. Routers are scaled up too (gain 4: router logits of std ~4) so that
+the k-th and (k+1)-th experts of a token are far apart and rounding never changes which experts a
+token goes to; ERNIE's routing bias (std 0.1, probabilities being O(0.1)) changes some choices.
 """
 
 from __future__ import annotations
@@ -43,6 +57,8 @@ SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")  # ids 0, 1, 2
 EOS_ID = 2
 PROMPT_LENGTHS = (3, 12, 37, 70)
 NUM_NEW_TOKENS = 16
+MOE_EXPERTS = 8
+MOE_INTERMEDIATE = 32
 PROMPT_SEED = 20240611
 
 _COMMON = {
@@ -85,7 +101,38 @@ FAMILIES: dict[str, tuple[int, dict, dict]] = {
         "architectures": ["Ernie4_5ForCausalLM"], "model_type": "ernie4_5", "head_dim": 32, "rms_norm_eps": 1e-5,
         "rope_theta": 500000.0, "tie_word_embeddings": True, "use_bias": False, "pad_token_id": 0,
     }, {}),
+    # Mixture of experts. opt["moe"]: which layers are sparse (as HF's rule for the config decides:
+    # a checkpoint that disagrees fails to load in HF) and the expert tensors' naming.
+    "qwen3_moe": (17, {
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_hidden_layers": 4, "head_dim": 32,
+        "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "rope_scaling": None, "tie_word_embeddings": False,
+        "attention_bias": False, "use_sliding_window": False, "sliding_window": None, "max_window_layers": 4,
+        "num_experts": MOE_EXPERTS, "num_experts_per_tok": 2, "moe_intermediate_size": MOE_INTERMEDIATE,
+        "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [0, 2],
+    }, {"qk_norm": True, "moe": {"layers": (1, 3), "style": "qwen"}}),
+    "qwen2_moe": (18, {
+        "architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "num_hidden_layers": 4,
+        "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "rope_scaling": None, "tie_word_embeddings": False,
+        "use_sliding_window": False, "sliding_window": MAX_POSITIONS, "max_window_layers": 4,
+        "num_experts": MOE_EXPERTS, "num_experts_per_tok": 2, "moe_intermediate_size": MOE_INTERMEDIATE,
+        "shared_expert_intermediate_size": 96, "norm_topk_prob": False, "decoder_sparse_step": 2,
+        "mlp_only_layers": [],
+    }, {"qkv_bias": True, "moe": {"layers": (1, 3), "style": "qwen", "shared": 96, "shared_gate": True}}),
+    "ernie4_5_moe": (19, {
+        "architectures": ["Ernie4_5_MoeForCausalLM"], "model_type": "ernie4_5_moe", "num_hidden_layers": 5,
+        "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": True, "use_bias": False,
+        "pad_token_id": 0, "moe_num_experts": MOE_EXPERTS, "moe_k": 2, "moe_intermediate_size": MOE_INTERMEDIATE,
+        "moe_num_shared_experts": 2, "moe_layer_start_index": 1, "moe_layer_end_index": 3, "moe_layer_interval": 1,
+    }, {"moe": {"layers": (1, 2, 3), "style": "ernie", "shared": 2 * MOE_INTERMEDIATE, "routing_bias": True}}),
+    "ernie4_5_moe_interval": (20, {
+        "architectures": ["Ernie4_5_MoeForCausalLM"], "model_type": "ernie4_5_moe", "num_hidden_layers": 4,
+        "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": True, "use_bias": False,
+        "pad_token_id": 0, "moe_num_experts": MOE_EXPERTS, "moe_k": 3, "moe_intermediate_size": MOE_INTERMEDIATE,
+        "moe_num_shared_experts": 0, "moe_layer_start_index": 0, "moe_layer_interval": 2,
+    }, {"moe": {"layers": (1, 3), "style": "ernie"}}),
 }
+# Checkpoint tensors HF reports missing and initializes itself (to zeros), per family.
+HF_INITIALIZED = {"ernie4_5_moe_interval": ("mlp.gate.moe_statics.e_score_correction_bias",)}
 
 
 def config_json(family: str) -> dict:
@@ -112,7 +159,8 @@ def make_weights(family: str) -> dict[str, np.ndarray]:
 
     w = {"model.embed_tokens.weight": rng.standard_normal((VOCAB, HIDDEN)).astype(np.float32),
          "model.norm.weight": vec(HIDDEN, 1.0, 0.1)}
-    for i in range(LAYERS):
+    moe = opt.get("moe")
+    for i in range(cfg.get("num_hidden_layers", LAYERS)):
         p, a, m = f"model.layers.{i}.", f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
         w[p + "input_layernorm.weight"] = vec(HIDDEN, 1.0, 0.1)
         w[p + "post_attention_layernorm.weight"] = vec(HIDDEN, 1.0, 0.1)
@@ -129,6 +177,9 @@ def make_weights(family: str) -> dict[str, np.ndarray]:
         if opt.get("qk_norm"):  # q/k are normalized per head: the weights set the score scale
             w[a + "q_norm.weight"] = vec(d, 2.0, 0.3)
             w[a + "k_norm.weight"] = vec(d, 2.0, 0.3)
+        if moe and i in moe["layers"]:
+            w.update(_moe_weights(m, cfg, moe, lin, vec))
+            continue
         w[m + "gate_proj.weight"] = lin(INTERMEDIATE, HIDDEN)
         w[m + "up_proj.weight"] = lin(INTERMEDIATE, HIDDEN)
         w[m + "down_proj.weight"] = lin(HIDDEN, INTERMEDIATE, 3.0)
@@ -138,6 +189,31 @@ def make_weights(family: str) -> dict[str, np.ndarray]:
             w[m + "down_proj.bias"] = vec(HIDDEN, 0.0, 0.2)
     if not cfg["tie_word_embeddings"]:
         w["lm_head.weight"] = lin(VOCAB, HIDDEN, 8.0)
+    return w
+
+
+def _moe_weights(m: str, cfg: dict, moe: dict, lin, vec) -> dict[str, np.ndarray]:
+    """One sparse MLP in the layout of the released checkpoints (transformers 5 merges the
+    per-expert tensors into 3-D ones at load): router `gate.weight` [E, H], ERNIE's routing bias
+    `moe_statics.e_score_correction_bias` [1, E], experts.<e>.{gate,up,down}_proj, the shared expert
+    (ERNIE `shared_experts.`, Qwen2-MoE `shared_expert.` plus `shared_expert_gate.weight` [1, H])."""
+    n_exp = cfg.get("num_experts", cfg.get("moe_num_experts"))
+    inter = cfg["moe_intermediate_size"]
+    w = {m + "gate.weight": lin(n_exp, HIDDEN, 4.0)}
+    if moe.get("routing_bias"):
+        w[m + "moe_statics.e_score_correction_bias"] = vec(n_exp, 0.0, 0.1).reshape(1, n_exp)
+    for e in range(n_exp):
+        x = f"{m}experts.{e}."
+        w[x + "gate_proj.weight"] = lin(inter, HIDDEN)
+        w[x + "up_proj.weight"] = lin(inter, HIDDEN)
+        w[x + "down_proj.weight"] = lin(HIDDEN, inter, 3.0)
+    if moe.get("shared"):
+        s = m + ("shared_experts." if moe["style"] == "ernie" else "shared_expert.")
+        w[s + "gate_proj.weight"] = lin(moe["shared"], HIDDEN)
+        w[s + "up_proj.weight"] = lin(moe["shared"], HIDDEN)
+        w[s + "down_proj.weight"] = lin(HIDDEN, moe["shared"], 3.0)
+    if moe.get("shared_gate"):
+        w[m + "shared_expert_gate.weight"] = lin(1, HIDDEN, 2.0)
     return w
 
 

@@ -13,7 +13,7 @@ from paddle_llm_engine import EngineConfig, LLMEngine
 from paddle_llm_engine.platforms import KernelRegistry, PlaceFacts, PlatformError, decide, parse_cpuinfo
 from paddle_llm_engine.platforms import child_check, cpu_features
 from paddle_llm_engine.platforms.child_check import ChildVerdict
-from paddle_llm_engine.platforms.plan import COMPUTE_OPS, KV_WRITE_OPS, plan_for_device
+from paddle_llm_engine.platforms.plan import COMPUTE_OPS, FUSED_MOE_OPS, KV_WRITE_OPS, plan_for_device
 
 # /proc/cpuinfo of the AVX2-only AMD EPYC (family 25) on which Paddle's fused RMSNorm died with SIGILL.
 EPYC_AVX2 = """processor	: 0
@@ -40,8 +40,9 @@ CPU_REGISTRY["index_select"] += [("CPU", "bfloat16")]
 
 
 def facts(cpuinfo: str, device: str = "cpu", registry: dict | None = None, fallback: bool = True,
-          description: str = "") -> PlaceFacts:
-    return PlaceFacts(device=device, cpu=parse_cpuinfo(cpuinfo), registry=KernelRegistry(registry or CPU_REGISTRY),
+          description: str = "", custom_ops=()) -> PlaceFacts:
+    return PlaceFacts(device=device, cpu=parse_cpuinfo(cpuinfo),
+                      registry=KernelRegistry(registry or CPU_REGISTRY, custom_ops=set(custom_ops)),
                       kernel_fallback=fallback, paddle_version="3.3.1", device_description=description)
 
 
@@ -69,7 +70,7 @@ def test_parse_cpuinfo_reads_model_and_flags():
 def test_avx2_only_cpu_never_runs_the_fused_rms_norm():
     v = Verifier()
     plan = decide(facts(EPYC_AVX2), verify=v)
-    assert plan.kernels == {"fused_rms_norm": False}
+    assert plan.kernels == {"fused_rms_norm": False, "fused_moe": False}
     assert v.calls == []  # not even tried in a child: the flags already say no
     assert "fused_rms_norm: off, CPU lacks avx512f" in "\n".join(plan.decisions)
     assert (plan.dtype, plan.kv_cache_dtype) == ("float32", "float32")
@@ -78,7 +79,7 @@ def test_avx2_only_cpu_never_runs_the_fused_rms_norm():
 def test_avx512_cpu_uses_it_after_the_child_check():
     v = Verifier()
     plan = decide(facts(XEON_AVX512), verify=v)
-    assert plan.kernels == {"fused_rms_norm": True}
+    assert plan.kernels == {"fused_rms_norm": True, "fused_moe": False}
     assert v.calls == ["fused_rms_norm_cpu"]
     assert any(d.startswith("fused_rms_norm: on, CPU has avx512f; verified in a child process") for d in plan.decisions)
 
@@ -86,23 +87,23 @@ def test_avx512_cpu_uses_it_after_the_child_check():
 def test_avx512_cpu_whose_child_check_dies_keeps_the_composed_path():
     v = Verifier(ChildVerdict(False, "the check process died with SIGILL"))
     plan = decide(facts(XEON_AVX512), verify=v)
-    assert plan.kernels == {"fused_rms_norm": False}
+    assert plan.kernels == {"fused_rms_norm": False, "fused_moe": False}
     assert "fused_rms_norm: off, verification in a child process failed: the check process died with SIGILL" \
         in plan.decisions
 
 
 def test_old_cpu_and_missing_kernel():
-    assert decide(facts(OLD_SSE_ONLY), verify=Verifier()).kernels == {"fused_rms_norm": False}
+    assert decide(facts(OLD_SSE_ONLY), verify=Verifier()).kernels == {"fused_rms_norm": False, "fused_moe": False}
     reg = {k: v for k, v in CPU_REGISTRY.items() if k != "fused_rms_norm_quant"}
     plan = decide(facts(XEON_AVX512, registry=reg), verify=Verifier())
-    assert plan.kernels == {"fused_rms_norm": False}
+    assert plan.kernels == {"fused_rms_norm": False, "fused_moe": False}
     assert "fused_rms_norm: off, Paddle has no CPU fused_rms_norm_quant kernel for float32" in plan.decisions
 
 
 def test_operator_forces_the_composed_path():
     v = Verifier()
     plan = decide(facts(XEON_AVX512), kernels="composed", verify=v)
-    assert plan.kernels == {"fused_rms_norm": False} and v.calls == []
+    assert plan.kernels == {"fused_rms_norm": False, "fused_moe": False} and v.calls == []
     assert "fused_rms_norm: off, kernels set to composed by the operator" in plan.decisions
 
 
@@ -163,10 +164,12 @@ def _gcu_registry(with_bf16: bool, with_fused: bool, with_contiguous: bool) -> d
 
 
 def test_gcu_plugin_with_bf16_kernels_serves_bf16():
-    f = facts(EPYC_AVX2, "gcu:1", _gcu_registry(True, True, True), description="gcu:1 through paddle-custom-gcu 3.3.0")
+    f = facts(EPYC_AVX2, "gcu:1", _gcu_registry(True, True, True), description="gcu:1 through paddle-custom-gcu 3.3.0",
+              custom_ops=FUSED_MOE_OPS)
     plan = decide(f, verify=Verifier())
     assert (plan.dtype, plan.kv_cache_dtype) == ("bfloat16", "bfloat16")
-    assert plan.kernels == {"fused_rms_norm": True}  # the plug-in's kernel, whatever the host CPU lacks
+    # the plug-in's kernels, whatever the host CPU lacks
+    assert plan.kernels == {"fused_rms_norm": True, "fused_moe": True}
     assert plan.flags == {}
     assert plan.decisions[0] == "device: gcu:1 through paddle-custom-gcu 3.3.0"
     assert decide(f, dtype="float32", verify=Verifier()).dtype == "float32"
@@ -179,7 +182,8 @@ def test_standin_plugin_without_kernels_gets_fp32_through_the_fallback():
     plan = decide(f, verify=v)
     assert plan.dtype == "float32"
     assert plan.flags == {"FLAGS_use_stride_kernel": False}
-    assert plan.kernels == {"fused_rms_norm": False} and v.calls == []  # never the host's AVX-512 kernel
+    # never the host's AVX-512 kernel
+    assert plan.kernels == {"fused_rms_norm": False, "fused_moe": False} and v.calls == []
     text = "\n".join(plan.decisions)
     assert "TEST STAND-IN" in text
     assert f"float32 runs {len(COMPUTE_OPS)} of {len(COMPUTE_OPS)} ops through Paddle's CPU kernel fallback" in text
@@ -188,6 +192,45 @@ def test_standin_plugin_without_kernels_gets_fp32_through_the_fallback():
         decide(f, dtype="bfloat16", verify=v)
     with pytest.raises(PlatformError, match="has no float32 kernels"):
         decide(facts(XEON_AVX512, "gcu:0", _gcu_registry(False, False, False), fallback=False), verify=v)
+
+
+def test_fused_moe_is_off_on_the_cpu_and_forcing_it_is_refused():
+    v = Verifier()
+    plan = decide(facts(XEON_AVX512, custom_ops=FUSED_MOE_OPS), verify=v)  # even with the ops loaded
+    assert plan.kernels["fused_moe"] is False
+    assert ("fused_moe: off, Paddle has no fused MoE kernel for the CPU; the experts run as grouped matmuls"
+            in plan.decisions)
+    with pytest.raises(PlatformError, match="kernels lists fused_moe, which cpu cannot run: Paddle has no fused MoE"):
+        decide(facts(XEON_AVX512), kernels="fused_moe", verify=v)
+    assert decide(facts(XEON_AVX512), kernels="fused_rms_norm", verify=v).kernels == {
+        "fused_rms_norm": True, "fused_moe": False}
+
+
+def test_fused_moe_on_a_gcu_follows_the_plugin_ops():
+    reg = _gcu_registry(True, True, True)
+    on = decide(facts(EPYC_AVX2, "gcu:0", reg, custom_ops=FUSED_MOE_OPS + ("rms_norm_gcu",)), verify=Verifier())
+    assert on.kernels["fused_moe"] is True
+    assert "fused_moe: on, the gcu plug-in registers moe_align_block_size_gcu, fused_moe_kernel_gcu" in on.decisions
+    only_align = facts(EPYC_AVX2, "gcu:0", reg, custom_ops=("moe_align_block_size_gcu",))
+    off = decide(only_align, verify=Verifier())
+    assert off.kernels["fused_moe"] is False
+    assert "fused_moe: off, the gcu plug-in registers no fused_moe_kernel_gcu" in off.decisions
+    with pytest.raises(PlatformError, match="kernels lists fused_moe, which gcu:0 cannot run: the gcu plug-in "
+                                            "registers no fused_moe_kernel_gcu"):
+        decide(only_align, kernels="fused_moe", verify=Verifier())
+    composed = decide(facts(EPYC_AVX2, "gcu:0", reg, custom_ops=FUSED_MOE_OPS), kernels="composed", verify=Verifier())
+    assert composed.kernels == {"fused_rms_norm": False, "fused_moe": False}
+    assert "fused_moe: off, kernels set to composed by the operator" in composed.decisions
+
+
+def test_opset_follows_the_fused_moe_decision():
+    from paddle_llm_ops.moe import COMPOSED_MOE, FUSED_GCU_MOE, FUSED_GCU_OPS
+    from paddle_llm_ops.opset import build_opset
+
+    assert FUSED_GCU_OPS == FUSED_MOE_OPS  # the ops the decision looks for are the ones the kernel calls
+    assert build_opset().moe_experts is COMPOSED_MOE
+    fused = build_opset(fused_moe=True)
+    assert fused.moe_experts is FUSED_GCU_MOE and dict(fused.names)["moe_experts"] == "fused_gcu"
 
 
 def test_this_host_plan_follows_its_cpu_flags(caplog):

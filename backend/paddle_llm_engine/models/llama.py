@@ -34,12 +34,31 @@ def _tensor(a: np.ndarray | None, dtype: str) -> paddle.Tensor | None:
     return t
 
 
-class LlamaLayer:
-    """Weights of one decoder block: qkv [H, (nh+2kvh)*d], o [nh*d, H], gate_up [H, 2I], down [I, H];
-    biases (None when the arch has none) qkv [(nh+2kvh)*d], o [H], gate_up [2I], down [H];
-    q_norm / k_norm [d] (qk_norm only)."""
+class DenseMLP:
+    """SwiGLU MLP: gate_up [H, 2I] (gate columns first), down [I, H], biases [2I] / [H] or None;
+    read from `<prefix>{gate,up,down}_proj.{weight,bias}` (I: the tensors' own width)."""
 
-    def __init__(self, r: CheckpointReader, i: int, cfg: ModelConfig, arch: DecoderArch, dtype: str = "float32"):
+    def __init__(self, r: CheckpointReader, prefix: str, bias: bool, dtype: str):
+        m = prefix
+        self.gate_up = _tensor(np.concatenate([r.linear(m + "gate_proj.weight"), r.linear(m + "up_proj.weight")],
+                                              axis=1), dtype)
+        self.down = _tensor(r.linear(m + "down_proj.weight"), dtype)
+        self.gate_up_bias = self.down_bias = None
+        if bias:
+            self.gate_up_bias = _tensor(np.concatenate([r.get(m + "gate_proj.bias"), r.get(m + "up_proj.bias")]), dtype)
+            self.down_bias = _tensor(r.get(m + "down_proj.bias"), dtype)
+
+    def __call__(self, x: paddle.Tensor) -> paddle.Tensor:
+        return _linear(F.swiglu(_linear(x, self.gate_up, self.gate_up_bias)), self.down, self.down_bias)
+
+
+class LlamaLayer:
+    """Weights of one decoder block: qkv [H, (nh+2kvh)*d], o [nh*d, H]; biases (None when the arch
+    has none) qkv [(nh+2kvh)*d], o [H]; q_norm / k_norm [d] (qk_norm only); mlp: x [T, H] -> [T, H]
+    (a DenseMLP unless the model gives another, e.g. a mixture of experts)."""
+
+    def __init__(self, r: CheckpointReader, i: int, cfg: ModelConfig, arch: DecoderArch, dtype: str = "float32",
+                 mlp=None):
         def _t(a):
             return _tensor(a, dtype)
 
@@ -66,13 +85,7 @@ class LlamaLayer:
             self.k_norm = _t(heads_permuted(r.get(a + "k_norm.weight")))
         self.o = _t(r.linear(a + "o_proj.weight"))
         self.o_bias = _t(r.get(a + "o_proj.bias")) if arch.o_bias else None
-        m = p + "mlp."
-        self.gate_up = _t(np.concatenate([r.linear(m + "gate_proj.weight"), r.linear(m + "up_proj.weight")], axis=1))
-        self.down = _t(r.linear(m + "down_proj.weight"))
-        self.gate_up_bias = self.down_bias = None
-        if arch.mlp_bias:
-            self.gate_up_bias = _t(np.concatenate([r.get(m + "gate_proj.bias"), r.get(m + "up_proj.bias")]))
-            self.down_bias = _t(r.get(m + "down_proj.bias"))
+        self.mlp = mlp if mlp is not None else DenseMLP(r, p + "mlp.", arch.mlp_bias, dtype)
 
 
 def _linear(x: paddle.Tensor, w: paddle.Tensor, b: paddle.Tensor | None) -> paddle.Tensor:
@@ -86,7 +99,10 @@ class LlamaForCausalLM:
 
     ops: the kernels to call (paddle_llm_ops.OpSet, chosen by the platform layer); dtype: the compute
     dtype of weights and activations ("float32", "bfloat16", "float16").
-    Subclasses (other families) override `arch_for` only."""
+    Subclasses (other families) override `arch_for`, and `make_mlp` for mixture-of-experts layers."""
+
+    # Checkpoint tensors HF's class ignores at load (its _keys_to_ignore_on_load_unexpected), by substring.
+    IGNORED_TENSORS: tuple[str, ...] = ()
 
     @staticmethod
     def arch_for(cfg: ModelConfig) -> DecoderArch:
@@ -119,16 +135,22 @@ class LlamaForCausalLM:
 
         self.embed = _t(r.get("model.embed_tokens.weight"))  # [V, H]
         self.norm = _t(r.get("model.norm.weight"))
-        self.layers = [LlamaLayer(r, i, cfg, self.arch, self.dtype) for i in range(cfg.num_hidden_layers)]
+        self.layers = [LlamaLayer(r, i, cfg, self.arch, self.dtype, self.make_mlp(r, i))
+                       for i in range(cfg.num_hidden_layers)]
         # Tied: the logits are h @ embed^T, read from the embedding itself (no second copy).
         self.tied = cfg.tie_word_embeddings
         self.lm_head = self.embed if self.tied else _t(r.get("lm_head.weight"))  # [V, H] either way
         unused = [n for n in r.unread() if not n.endswith("rotary_emb.inv_freq")
-                  and not (self.tied and n == "lm_head.weight")]  # HF ignores a tied checkpoint's lm_head
+                  and not (self.tied and n == "lm_head.weight")  # HF ignores a tied checkpoint's lm_head
+                  and not any(x in n for x in self.IGNORED_TENSORS)]
         if unused:
             more = f" and {len(unused) - 8} more" if len(unused) > 8 else ""
             raise ValueError(f"checkpoint tensors not used by model_type {cfg.model_type!r} with this config.json "
                              f"(config and weights disagree?): {', '.join(unused[:8])}{more}")
+
+    def make_mlp(self, r: CheckpointReader, i: int):
+        """Layer i's MLP, or None for the dense one (mixture-of-experts families override this)."""
+        return None
 
     def forward(self, input_ids: paddle.Tensor, positions: paddle.Tensor, meta: AttentionMetadata,
                 kv_caches: list[tuple[paddle.Tensor, paddle.Tensor]]) -> paddle.Tensor:
@@ -153,8 +175,7 @@ class LlamaForCausalLM:
             ops.write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
             attn = self._attention(q, k_cache, v_cache, meta)
             h = h + _linear(attn, layer.o, layer.o_bias)
-            x = rms_norm(h, layer.post_norm, eps)
-            h = h + _linear(F.swiglu(_linear(x, layer.gate_up, layer.gate_up_bias)), layer.down, layer.down_bias)
+            h = h + layer.mlp(rms_norm(h, layer.post_norm, eps))
         return rms_norm(h, self.norm, eps)
 
     def _attention(self, q, k_cache, v_cache, meta: AttentionMetadata) -> paddle.Tensor:

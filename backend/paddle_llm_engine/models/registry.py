@@ -6,12 +6,16 @@ import importlib
 
 from paddle_llm_engine.config import ModelConfig
 
-# model_type -> (module under paddle_llm_engine.models, class): all Llama-like decoders (see arch.py).
+# model_type -> (module under paddle_llm_engine.models, class): all Llama-like decoders (see arch.py),
+# the mixture-of-experts ones with sparse MLP layers (moe.py).
 SUPPORTED_MODEL_TYPES: dict[str, tuple[str, str]] = {
     "llama": ("llama", "LlamaForCausalLM"),
     "qwen2": ("qwen2", "Qwen2ForCausalLM"),
     "qwen3": ("qwen3", "Qwen3ForCausalLM"),
     "ernie4_5": ("ernie4_5", "Ernie4_5ForCausalLM"),
+    "qwen2_moe": ("moe", "Qwen2MoeForCausalLM"),
+    "qwen3_moe": ("moe", "Qwen3MoeForCausalLM"),
+    "ernie4_5_moe": ("moe", "Ernie4_5MoeForCausalLM"),
 }
 
 

@@ -34,15 +34,31 @@ def _registry() -> dict[str, tuple[tuple[str, str, str], ...]]:
     return out
 
 
+def _custom_operators() -> frozenset[str]:
+    """Names of the custom operators loaded into this process so far (PD_BUILD_OP: a device
+    plug-in's own ops, e.g. paddle-custom-gcu's fused MoE; they sit in Paddle's operator table, not
+    the phi kernel registry, and take any dtype)."""
+    from paddle.base import core
+
+    return frozenset(core.get_all_op_names("fluid"))
+
+
 class KernelRegistry:
     """Registered (op, device, dtype) triples. `kernels` overrides Paddle's table (tests give the
     table of a host they do not have): {op: [(backend, dtype), ...]} with backend as the registry
-    names it ("CPU", "gcu", ...)."""
+    names it ("CPU", "gcu", ...); `custom_ops` overrides the loaded custom operators' names."""
 
-    def __init__(self, kernels: dict[str, list[tuple[str, str]]] | None = None):
+    def __init__(self, kernels: dict[str, list[tuple[str, str]]] | None = None,
+                 custom_ops: set[str] | frozenset[str] | None = None):
         if kernels is None:
             kernels = {op: [(b, d) for b, _layout, d in keys] for op, keys in _registry().items()}
         self._kernels = {op: frozenset(v) for op, v in kernels.items()}
+        self._custom_ops = frozenset(custom_ops) if custom_ops is not None else None
+
+    def has_custom_op(self, name: str) -> bool:
+        """True when a custom operator `name` is loaded (by a plug-in or an extension)."""
+        ops = self._custom_ops if self._custom_ops is not None else _custom_operators()
+        return name in ops
 
     def has(self, op: str, device: str, dtype: str) -> bool:
         """True when `op` has a kernel for `dtype` ("float32", "bfloat16", ...) on `device`'s backend

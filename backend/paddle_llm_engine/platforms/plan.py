@@ -10,8 +10,8 @@ Decided here:
 - dtype (weights and activations): "auto" is the fastest dtype the place has kernels for
   (bfloat16, then float16, then float32); an explicit dtype the place lacks kernels for is refused.
 - kv_cache_dtype: "auto" follows dtype; a narrower one is storage only (cast on write and read).
-- optional kernels ("fused_rms_norm"): on where the place can run them, unless the operator forces
-  the composed path (`kernels: composed`) or names the kernels to use.
+- optional kernels ("fused_rms_norm", "fused_moe"): on where the place can run them, unless the
+  operator forces the composed path (`kernels: composed`) or names the kernels to use.
 - Paddle flags the place needs (FLAGS_use_stride_kernel off where the device has no `contiguous`).
 """
 
@@ -39,7 +39,10 @@ COMPUTE_OPS = ("matmul", "softmax", "swiglu", "index_select", "add", "multiply",
 # same-width view, see _gather_dtype) and cast.
 KV_WRITE_OPS = ("cast", "index_put")
 _SAME_WIDTH = {"float16": ("bfloat16",), "bfloat16": ("float16",), "float32": ()}
-OPTIONAL_KERNELS = ("fused_rms_norm",)
+OPTIONAL_KERNELS = ("fused_rms_norm", "fused_moe")
+# The fused mixture-of-experts kernel: paddle-custom-gcu's custom operators, as FastDeploy's GCU MoE
+# uses them (paddle_llm_ops.moe). Paddle itself registers none for the CPU (its fused_moe is CUDA-only).
+FUSED_MOE_OPS = ("moe_align_block_size_gcu", "fused_moe_kernel_gcu")
 # Paddle 3.3's CPU fused_rms_norm (phi::fusion::RmsNormAvxKernel) executes AVX-512 instructions
 # whatever the CPU: on an AVX2-only host the process dies with SIGILL.
 FUSED_RMS_NORM_CPU_FLAGS = ("avx512f",)
@@ -187,6 +190,17 @@ def _fused_rms_norm(facts: PlaceFacts, dtype: str, verify: Callable[[str], Child
     return False, f"the {facts.device.split(':')[0]} plug-in registers no fused_rms_norm_quant kernel for {dtype}"
 
 
+def _fused_moe(facts: PlaceFacts) -> tuple[bool, str]:
+    """(can run, reason) for the fused MoE expert kernel (FUSED_MOE_OPS)."""
+    if facts.device == "cpu":
+        return False, "Paddle has no fused MoE kernel for the CPU; the experts run as grouped matmuls"
+    kind = facts.device.split(":")[0]
+    missing = [op for op in FUSED_MOE_OPS if not facts.registry.has_custom_op(op)]
+    if missing:
+        return False, f"the {kind} plug-in registers no {', '.join(missing)}"
+    return True, f"the {kind} plug-in registers {', '.join(FUSED_MOE_OPS)}"
+
+
 def decide(facts: PlaceFacts, dtype: str = "auto", kv_cache_dtype: str = "auto", kernels: str = "auto",
            verify: Callable[[str], ChildVerdict] | None = None) -> PlatformPlan:
     """The PlatformPlan for a place. verify(check name) runs a risky kernel's check in a child
@@ -216,7 +230,7 @@ def decide(facts: PlaceFacts, dtype: str = "auto", kv_cache_dtype: str = "auto",
     dt = _decide_dtype(facts, dtype, decisions)
     kv, gather = _decide_kv(facts, kv_cache_dtype, dt, decisions)
     chosen: dict[str, bool] = {}
-    deciders = {"fused_rms_norm": lambda: _fused_rms_norm(facts, dt, verify)}
+    deciders = {"fused_rms_norm": lambda: _fused_rms_norm(facts, dt, verify), "fused_moe": lambda: _fused_moe(facts)}
     for name in OPTIONAL_KERNELS:
         if mode == "composed":
             chosen[name] = False

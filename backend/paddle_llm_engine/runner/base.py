@@ -67,7 +67,7 @@ class ModelRunnerBase:
                                     engine_config.kernels)
         gather = self.plan.kv_gather_dtype if self.plan.kv_gather_dtype != self.plan.kv_cache_dtype else None
         self.ops = build_opset(fused_rms_norm=self.plan.kernels.get("fused_rms_norm", False),
-                               kv_gather_dtype=gather)
+                               kv_gather_dtype=gather, fused_moe=self.plan.kernels.get("fused_moe", False))
         self.model = build_model(model_config, self.ops, self.plan.dtype)
         self.model.load_weights(engine_config.model_dir)
         self.num_kv_blocks = self._num_kv_blocks()
