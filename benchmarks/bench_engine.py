@@ -87,21 +87,26 @@ QUESTIONS = [
 # --------------------------------------------------------------------------- helpers
 
 
-def parameter_count(model_dir: Path, tied: bool) -> int:
-    """Elements of all tensors in the folder's *.safetensors (header only, no weights loaded).
-    With tied embeddings a stored lm_head.weight duplicate is not counted twice."""
-    total = 0
-    for f in sorted(model_dir.glob("*.safetensors")):
+def tensor_shapes(model_dir: Path, tied: bool) -> dict[str, list[int]]:
+    """Name -> shape of every tensor in the folder's *.safetensors (headers only, no weights loaded).
+    With tied embeddings a stored lm_head.weight duplicate is left out (it is read once, as the head)."""
+    shapes = {}
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
         with open(f, "rb") as fh:
             (n,) = struct.unpack("<Q", fh.read(8))
             header = json.loads(fh.read(n))
         for name, meta in header.items():
             if name == "__metadata__" or (tied and name.endswith("lm_head.weight")):
                 continue
-            total += math.prod(meta["shape"])
-    if total == 0:
+            shapes[name] = meta["shape"]
+    if not shapes:
         raise FileNotFoundError(f"no safetensors weights in {model_dir}")
-    return total
+    return shapes
+
+
+def parameter_count(model_dir: Path, tied: bool) -> int:
+    """Elements of all tensors in the folder's *.safetensors (see tensor_shapes)."""
+    return sum(math.prod(s) for s in tensor_shapes(model_dir, tied).values())
 
 
 def find_ref_python(flag: str | None) -> Path | None:

@@ -17,7 +17,9 @@ The first call comes right after the prefill forward, so prefill = first call - 
 call - first call over (calls - 1) steps of B tokens each. Output on stdout, one JSON object:
     {"torch": ver, "transformers": ver, "threads": n, "results": [{"batch", "prompt_tokens",
      "padded_len", "prefill_s", "decode_s", "decode_steps", "total_s", "output_tokens",
-     "token_ids": [[...], ...]}, ...]}
+     "token_ids": [[...], ...], "step_s": [seconds from the generate call to each step's logits]}, ...]}
+(benchmarks/compare.py turns step_s into per-token times: every row of the static batch gets its
+token of step k at step_s[k].)
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ def main() -> int:
             "total_s": t1 - t0,
             "output_tokens": sum(len(g) for g in gen),
             "token_ids": gen,
+            "step_s": [s - t0 for s in stamps],  # when each step's tokens existed, from the call
         })
         print(f"peer: batch {b} done in {t1 - t0:.2f} s", file=sys.stderr, flush=True)
     json.dump({"torch": torch.__version__, "transformers": transformers.__version__,

@@ -2,7 +2,8 @@
 inter-token latency and end-to-end latency. Stops by itself.
 
     .venv/bin/python client_examples/load_generator.py [--url 127.0.0.1:8001] [--model ensemble|llm]
-        [--concurrency 8] [--requests 32] [--duration 300] [--max-tokens 64] [--ignore-eos] [--json]
+        [--concurrency 8] [--requests 32] [--duration 300] [--max-tokens 64] [--ignore-eos]
+        [--min-tokens N] [--prompts-file questions.json] [--json]
 
     e.g. .venv/bin/python client_examples/load_generator.py --model llm --ignore-eos --concurrency 8 --requests 32
 
@@ -10,7 +11,8 @@ What it does: `--concurrency` worker threads, each with its own gRPC client and 
 send one streamed request at a time until `--requests` requests have been sent in total, or until
 `--duration` seconds have passed (the time cap: nothing new is sent after it, and requests still
 running then are cancelled with stop_stream(cancel_requests=True) and reported as "cut", not failed).
-Prompts cycle through a built-in list of varied questions, always in chat form: `ensemble` gets
+Prompts cycle through a built-in list of varied questions (or the JSON list of strings in
+--prompts-file), always in chat form: `ensemble` gets
 apply_chat_template=true (the server applies the model's template); `llm` takes text as is (Triton
 vLLM-backend contract), so this client wraps each question in the SmolLM2 / ChatML template itself.
 Decoding is greedy by default (--temperature) with a fixed --max-tokens.
@@ -24,12 +26,17 @@ Stopping and token counts:
   printed); requests stop at EOS or max_tokens. Tokens per response = the length of output_log_probs
   (one entry per generated token, TensorRT-LLM style); a response without it counts as 1 token if it
   carries text. The count used is reported as token_count_method.
+- `--min-tokens N` (both models: sampling_parameters min_tokens / the min_tokens tensor) masks EOS
+  until N tokens exist; with N = --max-tokens every request makes exactly max-tokens tokens on
+  `ensemble` too (the fixed-length load benchmarks/compare.py uses).
 
 Metrics (client side, seconds):
 - TTFT: send -> first response with at least one token.
 - ITL: for each later response, (time since the previous response) / (tokens in it), one sample per
   token; reported as p50 / p90 / p99 over all tokens of all requests.
 - per-request decode tokens/s: (tokens after the first response) / (last response - first response).
+- aggregate decode tokens/s: tokens after each request's first response / the time during which at
+  least one request was between its first and its last response (the union of those intervals).
 - e2e latency: send -> final response. Aggregate output tokens/s = all output tokens / wall time
   (first send to last completion). Only completed requests enter the latency statistics.
 --json prints one JSON object (the same numbers, machine-readable) instead of the table.
@@ -96,9 +103,13 @@ def build_inputs(model: str, question: str, args) -> list:
             inputs.append(scalar("top_p", args.top_p, np.float32))
         if args.seed is not None:
             inputs.append(scalar("seed", args.seed, np.uint64))
+        if getattr(args, "min_tokens", 0):
+            inputs.append(scalar("min_tokens", args.min_tokens, np.int32))
         return inputs
     sampling = {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p,
                 "ignore_eos": bool(args.ignore_eos)}
+    if getattr(args, "min_tokens", 0):
+        sampling["min_tokens"] = args.min_tokens
     if args.seed is not None:
         sampling["seed"] = args.seed
 
@@ -156,6 +167,7 @@ class Worker(threading.Thread):
         self.records, self.methods = records, methods
         self.q: queue.Queue = queue.Queue()
         self.client = None
+        self.prompts = getattr(args, "prompts", None) or PROMPTS
 
     def _open(self):
         self.client = grpcclient.InferenceServerClient(self.args.url)
@@ -197,7 +209,7 @@ class Worker(threading.Thread):
 
     def _one(self, rec: RequestRecord) -> bool:
         args = self.args
-        question = PROMPTS[rec.index % len(PROMPTS)]
+        question = self.prompts[rec.index % len(self.prompts)]
         rid = f"load-{rec.index}"
         inputs = build_inputs(args.model, question, args)
         rec.sent = time.perf_counter()
@@ -283,7 +295,42 @@ def run_load(args) -> dict:
     for w in workers:
         w.join()
     t_end = time.perf_counter()
+    return {
+        "model": args.model,
+        "url": args.url,
+        "concurrency": args.concurrency,
+        "max_tokens": args.max_tokens,
+        "ignore_eos": bool(args.ignore_eos) and args.model == "llm",
+        "min_tokens": getattr(args, "min_tokens", 0),
+        "temperature": args.temperature,
+        "requests_planned": args.requests,
+        "time_cap_s": args.duration,
+        "token_count_method": ", ".join(sorted(methods)) or None,
+        **summarize_records(records, t0, t_end, prompt_tokens=args.model == "llm"),
+    }
 
+
+def decode_window(records) -> float:
+    """Seconds during which at least one request was between its first and its last token response
+    (the union of the [first, last] intervals)."""
+    spans = sorted((r.times[0], r.times[-1]) for r in records if len(r.times) > 1)
+    total, cur_start, cur_end = 0.0, None, None
+    for a, b in spans:
+        if cur_end is None or a > cur_end:
+            if cur_end is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = a, b
+        else:
+            cur_end = max(cur_end, b)
+    if cur_end is not None:
+        total += cur_end - cur_start
+    return total
+
+
+def summarize_records(records, t0: float, t_end: float, prompt_tokens: bool = True) -> dict:
+    """Throughput and latency statistics of finished load records (RequestRecord-like objects with
+    sent, times, tokens, final, error, cut); t0: when the first request could be sent. Also used by
+    benchmarks/compare.py for systems it drives itself, so every system is measured the same way."""
     done = [r for r in records if r.error is None and not r.cut and r.final is not None]
     failed = [r for r in records if r.error is not None]
     cut = [r for r in records if r.cut]
@@ -312,27 +359,22 @@ def run_load(args) -> dict:
         if r.finish_reason:
             reasons[r.finish_reason] = reasons.get(r.finish_reason, 0) + 1
     out_per_req = [sum(r.tokens) for r in done]
+    window = decode_window(records)
+    decode_tokens = sum(sum(r.tokens[1:]) for r in records if len(r.times) > 1)
     return {
-        "model": args.model,
-        "url": args.url,
-        "concurrency": args.concurrency,
-        "max_tokens": args.max_tokens,
-        "ignore_eos": bool(args.ignore_eos) and args.model == "llm",
-        "temperature": args.temperature,
-        "requests_planned": args.requests,
         "requests_sent": len(records),
         "requests_done": len(done),
         "requests_failed": len(failed),
         "requests_cut_at_time_cap": len(cut),
-        "time_cap_s": args.duration,
-        "token_count_method": ", ".join(sorted(methods)) or None,
         "total_output_tokens": total_tokens,
         "output_tokens_of_done_requests": done_tokens,
-        "total_prompt_tokens": sum(r.prompt_tokens or 0 for r in done) if args.model == "llm" else None,
+        "total_prompt_tokens": sum(r.prompt_tokens or 0 for r in done) if prompt_tokens else None,
         "output_tokens_per_request": percentiles(out_per_req),
         "wall_time_s": wall,
         "output_tokens_per_s": total_tokens / wall,
         "requests_per_s": len(done) / wall,
+        "decode_window_s": window,
+        "decode_tokens_per_s": decode_tokens / window if window > 0 else None,
         "decode_tokens_per_s_per_request": percentiles(decode_rate),
         "ttft_s": percentiles(ttft),
         "itl_s": percentiles(itl),
@@ -383,6 +425,9 @@ def parse_args(argv=None):
                     help="time cap in seconds: no new requests after it, running ones are cancelled")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--ignore-eos", action="store_true", help="llm only: generate exactly max_tokens")
+    ap.add_argument("--min-tokens", type=int, default=0,
+                    help="mask EOS until this many tokens exist (both models; = --max-tokens: fixed length)")
+    ap.add_argument("--prompts-file", default=None, help="JSON list of questions to cycle through instead of the built-in ones")
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=None)
@@ -392,6 +437,14 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     if args.concurrency < 1 or args.requests < 1 or args.max_tokens < 1:
         ap.error("--concurrency, --requests and --max-tokens must be >= 1")
+    if not 0 <= args.min_tokens <= args.max_tokens:
+        ap.error("--min-tokens must be in [0, --max-tokens]")
+    args.prompts = None
+    if args.prompts_file:
+        with open(args.prompts_file) as f:
+            args.prompts = json.load(f)
+        if not args.prompts or not all(isinstance(q, str) and q for q in args.prompts):
+            ap.error("--prompts-file must hold a non-empty JSON list of non-empty strings")
     return args
 
 
