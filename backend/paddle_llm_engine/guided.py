@@ -132,15 +132,17 @@ class GuideState:
         self._ending = frozenset(self.stop_ids.tolist()) | owner.tokenizer_eos_ids
         self._bitmask = np.zeros(owner.mask_words, dtype=np.int32)
         self._future: Future | None = None
-        self._allowed: np.ndarray | None = None  # [V] bool
-        self._allowed_ids: np.ndarray | None = None
+        # the next mask as an index list, whichever side is shorter: the allowed ids (sparse) or
+        # the blocked ids (dense); applying it then costs one [V] copy plus min(allowed, blocked)
+        self._sparse = True
+        self._ids: np.ndarray | None = None
         self.mask_seconds = 0.0  # worker time spent on masks (for measurements)
         self.num_masks = 0
         self.prefetch()
 
     def prefetch(self) -> None:
         """Start computing the mask for the next token (worker thread)."""
-        self._allowed = self._allowed_ids = None
+        self._ids = None
         self._future = self._owner.submit(self._compute)
 
     def _compute(self) -> None:
@@ -161,7 +163,8 @@ class GuideState:
             ending = np.asarray(sorted(self._ending), dtype=np.int64)
             allowed[ending] = True
             ids = ending
-        self._allowed, self._allowed_ids = allowed, ids
+        self._sparse = 2 * ids.size <= allowed.size
+        self._ids = ids if self._sparse else np.flatnonzero(~allowed)
         self.mask_seconds += time.perf_counter() - t0
         self.num_masks += 1
 
@@ -172,19 +175,23 @@ class GuideState:
 
     def apply(self, row: np.ndarray, raw: np.ndarray) -> np.ndarray:
         """The row with every token the guide does not allow at -inf (a new array; `row` is not
-        changed). When nothing allowed is left finite in `row` (min_tokens masked the stop ids that
-        are the only way on), the guide wins: `raw` masked instead."""
+        changed). raw: the model's logits for the row (`row` itself when nothing else changed it).
+        When nothing allowed is left finite in a changed `row` (e.g. min_tokens masked the stop ids
+        that are the only way on), the guide wins: `raw` masked instead."""
         self._wait()
-        ids = self._allowed_ids
-        if ids.size * 8 < row.shape[0]:
+        ids = self._ids
+        if self._sparse:
             out = np.full(row.shape, -np.inf, dtype=row.dtype)
-            out[ids] = row[ids]
-        else:
-            out = row.copy()
-            out[~self._allowed] = -np.inf
-        if not np.isfinite(out[ids]).any():
-            out = np.full(row.shape, -np.inf, dtype=row.dtype)
-            out[ids] = raw[ids]
+            vals = row[ids]
+            if row is not raw and not np.isfinite(vals).any():
+                vals = raw[ids]
+            out[ids] = vals
+            return out
+        out = row.copy()
+        out[ids] = -np.inf
+        if row is not raw and not out.max() > -np.inf:
+            out = raw.copy()
+            out[ids] = -np.inf
         return out
 
     def ends(self, token: int) -> bool:

@@ -61,6 +61,8 @@ _ENSEMBLE_DTYPES = {
     "beam_width": np.int32,
     "num_return_sequences": np.int32,
     "apply_chat_template": np.bool_,
+    "guided_decoding_guide_type": np.object_,
+    "guided_decoding_guide": np.object_,
 }
 
 LLM_FLAGS = ("exclude_input_in_output", "return_finish_reason", "return_num_input_tokens",
