@@ -312,10 +312,10 @@ def test_empty_text_input_is_invalid_arg(triton_server):
     (dict(temperature=-1.0, top_k=5), "temperature"),
     (dict(temperature=-1.0), "temperature"),  # no top_k / top_p: TensorRT-LLM greedy default
     (dict(beam_width=2), "beam_width"),
-    (dict(num_return_sequences=3), "num_return_sequences"),
+    (dict(num_return_sequences=0), "num_return_sequences"),
     (dict(repetition_penalty=0.0), "repetition_penalty"),
     (dict(end_id=10**6), "end_id"),
-], ids=["top_p_1.5", "temperature_neg_top_k", "temperature_neg_only", "beam_width_2", "num_return_sequences_3",
+], ids=["top_p_1.5", "temperature_neg_top_k", "temperature_neg_only", "beam_width_2", "num_return_sequences_0",
         "repetition_penalty_0", "end_id_out_of_vocab"])
 def test_other_ensemble_errors_name_the_tensor(triton_server, params, field):
     r = ensemble_stream(triton_server.grpc_url, "Hello", max_tokens=4, **params)
