@@ -172,11 +172,12 @@ class LLMMetrics:
                 r.first_token = t
                 self.ttft.observe(t - r.arrival)
                 n -= 1  # the first token has no predecessor
-            if n and r.last_token is not None:
-                gap = (t - r.last_token) / n
-                for _ in range(n):
-                    self.itl.observe(gap)
-            r.last_token = t
+            if out.sequence_index == 0:  # n > 1: the inter-token gaps of the first sequence
+                if n and r.last_token is not None:
+                    gap = (t - r.last_token) / n
+                    for _ in range(n):
+                        self.itl.observe(gap)
+                r.last_token = t
         if out.finished:
             del self._reqs[out.request_id]
             self.requests.get(out.finish_reason or "error", self.requests["error"]).increment(1)
