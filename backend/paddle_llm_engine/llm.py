@@ -34,6 +34,9 @@ class LLM:
         """
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
+        if any(sp.n != 1 for sp in params):
+            raise ValueError("LLM.generate returns one completion per prompt: n must be 1 "
+                             "(LLMEngine serves n > 1, one output per sequence)")
         ids = [p if isinstance(p, list) else encode_prompt(self.tokenizer, p) for p in prompts]
         rids = [f"offline-{i}" for i in range(len(prompts))]
         for rid, p, sp in zip(rids, ids, params):
