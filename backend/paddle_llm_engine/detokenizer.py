@@ -9,8 +9,8 @@ When the model itself emits bytes that are not valid UTF-8 (a truncated characte
 new one), the decoder's U+FFFD for them is dropped: no client ever receives U+FFFD, streamed or not.
 
 Stop strings are matched on the accumulated text, so they match across token boundaries; text
-that could still be the start of a stop string is held back, and the stop string itself is never
-emitted.
+that could still be the start of a stop string is held back, and the stop string itself is not
+emitted unless the request asks for it (vLLM's include_stop_str_in_output).
 """
 
 from __future__ import annotations
@@ -22,15 +22,20 @@ _CONTEXT_TOKENS = 5  # prompt tokens kept as left context for the first output t
 class IncrementalDetokenizer:
     """Token ids in, text deltas out. `tokenizer` needs decode(ids, skip_special_tokens=...)."""
 
-    def __init__(self, tokenizer, prompt_ids: list[int], skip_special_tokens: bool = True):
+    def __init__(self, tokenizer, prompt_ids: list[int], skip_special_tokens: bool = True,
+                 spaces_between_special_tokens: bool = True):
         self.tokenizer = tokenizer
         self.skip = skip_special_tokens
+        # the tokenizer's own option (slow tokenizers honour it, fast ones ignore it, as in vLLM);
+        # passed only when it differs from the default so that any decode() signature works
+        self.kwargs = {} if spaces_between_special_tokens else {"spaces_between_special_tokens": False}
         self.ids: list[int] = list(prompt_ids[-_CONTEXT_TOKENS:])
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip, clean_up_tokenization_spaces=False)
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip, clean_up_tokenization_spaces=False,
+                                     **self.kwargs)
 
     def add(self, new_ids: list[int]) -> str:
         """Append tokens; return the newly completed text ("" while a character is incomplete)."""
@@ -52,10 +57,12 @@ class IncrementalDetokenizer:
 
 
 class StopStringMatcher:
-    """Holds back text that may start a stop string; reports where a stop string matched."""
+    """Holds back text that may start a stop string; reports where a stop string matched.
+    include_stop: the text ends with the matched stop string instead of just before it."""
 
-    def __init__(self, stops: list[str]):
+    def __init__(self, stops: list[str], include_stop: bool = False):
         self.stops = [s for s in stops if s]
+        self.include_stop = include_stop
         self.max_len = max((len(s) for s in self.stops), default=0)
         self.text = ""      # all text produced so far
         self.emitted = 0    # chars of self.text already returned to the client
@@ -69,12 +76,14 @@ class StopStringMatcher:
             return out, False
         # A match can only involve text after (emitted - max_len): earlier text was checked before.
         lo = max(0, self.emitted - self.max_len + 1)
-        best = -1
+        best, end = -1, -1
         for s in self.stops:
             i = self.text.find(s, lo)
             if i != -1 and (best == -1 or i < best):
-                best = i
+                best, end = i, i + len(s)
         if best != -1:
+            if self.include_stop:
+                best = end
             self.text = self.text[:best]
             out = self.text[self.emitted:] if best > self.emitted else ""
             self.emitted = len(self.text)

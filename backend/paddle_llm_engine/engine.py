@@ -30,8 +30,10 @@ class _RequestState:
 
     def __init__(self, seq: Sequence, tokenizer):
         self.seq = seq
-        self.detok = IncrementalDetokenizer(tokenizer, seq.token_ids, seq.params.skip_special_tokens)
-        self.stops = StopStringMatcher(seq.params.stop)
+        prm = seq.params
+        self.detok = IncrementalDetokenizer(tokenizer, seq.token_ids, prm.skip_special_tokens,
+                                            prm.spaces_between_special_tokens)
+        self.stops = StopStringMatcher(prm.stop, include_stop=prm.include_stop_str_in_output)
         self.unreported: list[int] = []
 
 
@@ -98,6 +100,8 @@ class LLMEngine:
         limit = self.config.max_model_len
         if n == 0:
             raise InvalidRequestError("text_input", "the prompt is empty (0 tokens)")
+        prompt_token_ids = params.truncated_prompt(prompt_token_ids, limit)  # truncate_prompt_tokens
+        n = len(prompt_token_ids)
         if n >= limit:
             raise InvalidRequestError(
                 "text_input", f"the prompt has {n} tokens; max_model_len is {limit}, which leaves no room "

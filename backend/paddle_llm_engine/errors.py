@@ -7,6 +7,7 @@ class InvalidRequestError(ValueError):
     def __init__(self, field: str, message: str):
         super().__init__(f"{field}: {message}")
         self.field = field
+        self.message = message  # without the field name (contracts re-raise it under their own names)
 
 
 class EngineDeadError(RuntimeError):

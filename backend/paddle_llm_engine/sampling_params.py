@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from paddle_llm_engine.errors import InvalidRequestError
@@ -42,6 +43,15 @@ class SamplingParams:
         logprobs is None; otherwise they are reported as 0.0 without the per-row log-softmax.
     guide: None, or a GuideSpec (guided decoding: JSON schema, regex, choice, grammar; see
         guided.py); the engine compiles it per sequence and a bad guide is an InvalidRequestError.
+    include_stop_str_in_output: a matched stop string is returned (the text ends with it) instead
+        of being cut off.
+    spaces_between_special_tokens: passed to the tokenizer's decode (slow tokenizers put a space
+        around special tokens when it is true; fast ones ignore it, as in vLLM). Matters only with
+        skip_special_tokens false.
+    logit_bias: {token id: bias} added to the logits before any other processing (vLLM / OpenAI).
+    allowed_token_ids: None, or the only token ids that may be generated (others are masked first).
+    truncate_prompt_tokens: None, k >= 1 (keep the prompt's last k tokens) or -1 (keep the last
+        max_model_len - 1, so one token can still be generated); applied by add_request.
     """
 
     temperature: float = 1.0
@@ -65,6 +75,11 @@ class SamplingParams:
     bad_words: list[str] = field(default_factory=list)
     bad_words_ids: list[list[int]] = field(default_factory=list)  # filled by the engine's tokenizer
     guide: GuideSpec | None = None
+    include_stop_str_in_output: bool = False
+    spaces_between_special_tokens: bool = True
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    allowed_token_ids: list[int] | None = None
+    truncate_prompt_tokens: int | None = None
 
     @property
     def greedy(self) -> bool:
@@ -109,3 +124,29 @@ class SamplingParams:
         for s in self.stop:
             if not s:
                 raise InvalidRequestError("stop", "stop strings must be non-empty")
+        for t, b in self.logit_bias.items():
+            if not (0 <= t < vocab_size):
+                raise InvalidRequestError("logit_bias", f"token id {t} outside the vocabulary [0, {vocab_size})")
+            if not math.isfinite(b):
+                raise InvalidRequestError("logit_bias", f"the bias of token {t} must be finite, got {b}")
+        if self.allowed_token_ids is not None:
+            if not self.allowed_token_ids:
+                raise InvalidRequestError("allowed_token_ids", "must not be empty")
+            for t in self.allowed_token_ids:
+                if not (0 <= t < vocab_size):
+                    raise InvalidRequestError("allowed_token_ids",
+                                              f"token id {t} outside the vocabulary [0, {vocab_size})")
+        if self.truncate_prompt_tokens is not None and not (self.truncate_prompt_tokens >= 1
+                                                            or self.truncate_prompt_tokens == -1):
+            raise InvalidRequestError("truncate_prompt_tokens",
+                                      f"must be >= 1 or -1, got {self.truncate_prompt_tokens}")
+
+    def truncated_prompt(self, prompt_token_ids: list[int], max_model_len: int) -> list[int]:
+        """The prompt as the engine runs it: its last truncate_prompt_tokens tokens (-1: the last
+        max_model_len - 1), or all of it."""
+        k = self.truncate_prompt_tokens
+        if k is None:
+            return prompt_token_ids
+        if k == -1:
+            k = max_model_len - 1
+        return prompt_token_ids[-k:] if 0 < k < len(prompt_token_ids) else prompt_token_ids

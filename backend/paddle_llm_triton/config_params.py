@@ -8,6 +8,9 @@ value always wins. Unknown parameter names are an error naming them.
 Serving-only parameters (not engine settings):
 - gcu_device_ids: "0;1;2;3" maps instance ordinal k (instances.py: "llm_0_1" -> 1) to
   device id ids[k % len(ids)].
+- default_max_tokens: max_tokens of a request that sends none (both models); 0 / empty (the
+  default) = max_model_len - prompt tokens. Capped at what fits (max_model_len - prompt tokens), so
+  a default never makes a request fail. 16 is vLLM's SamplingParams default (strict compatibility).
 - fault_inject_after_steps: TESTS ONLY. N > 0 makes the engine step raise once N steps have run
   (fault_injection.py); 0 (the default) is off and nothing is installed.
 
@@ -33,6 +36,7 @@ class ServingOptions:
     """config.pbtxt parameters of the `llm` model that are not EngineConfig fields."""
 
     gcu_device_ids: list[int] = dataclasses.field(default_factory=list)
+    default_max_tokens: int = 0
     fault_inject_after_steps: int = 0
 
 
@@ -90,6 +94,11 @@ def serving_options(model_config: dict) -> ServingOptions:
         opts.gcu_device_ids = [int(x) for x in ids.replace(",", ";").split(";") if x.strip()]
     except ValueError:
         raise ValueError(f"config.pbtxt parameter gcu_device_ids must be ids separated by ';', got {ids!r}") from None
+    dmt = raw.get("default_max_tokens", "").strip()
+    if dmt:
+        opts.default_max_tokens = _convert("default_max_tokens", "int", dmt)
+        if opts.default_max_tokens < 0:
+            raise ValueError("config.pbtxt parameter default_max_tokens must be >= 0 (0 = max_model_len - prompt)")
     fault = raw.get("fault_inject_after_steps", "").strip()
     if fault:
         opts.fault_inject_after_steps = _convert("fault_inject_after_steps", "int", fault)

@@ -5,8 +5,20 @@ Streaming requests get one response per output that carries text (held-back toke
 with the next one); non-streaming requests get exactly one response at the end (HTTP /generate
 accepts only one). Every request ends with a response flagged FINAL. A request with n > 1 sequences
 (the ensemble's num_return_sequences) is buffered per sequence: non-streamed, one response per
-sequence when it ends, the last one FINAL. Client cancellation is noticed
-here (response_sender.is_cancelled(), polled every `poll_s`) and turned into an engine abort.
+sequence when it ends, the last one FINAL.
+
+Client cancellation: every `poll_s` (0.1 s) this thread sweeps every request in flight, streamed or
+not, whether or not anything was sent yet, and calls response_sender.is_cancelled() once each (as
+the TensorRT-LLM backend's cancellation thread does every cancellation_check_period_ms); a cancelled
+one is aborted in the engine (its KV blocks are freed before the next step) and gets an empty final
+response. The sweep runs on its own clock, not per output: is_cancelled() is an IPC round trip to
+the server, never made per token. What the sweep can see is what Triton reports: 2.51's HTTP
+endpoints report a dropped connection only once a response of the request has been written (README
+"Cancellation").
+vLLM-backend output semantics: intermediate responses carry finish_reason "None" (str(None), as
+vLLM's), logprob entries always carry "rank", `logprobs` is JSON null when return_logprobs is set
+but the request asked for no `logprobs`, and decoded_token follows skip_special_tokens like
+text_output does.
 """
 
 from __future__ import annotations
@@ -15,6 +27,7 @@ import json
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -37,6 +50,9 @@ class ResponseOptions:
     return_num_input_tokens: bool = False
     return_num_output_tokens: bool = False
     return_logprobs: bool = False
+    logprobs_null: bool = False             # return_logprobs without `logprobs` asked: JSON null (vLLM)
+    skip_special_tokens: bool = True        # how decoded_token renders special tokens (as text_output)
+    intermediate_finish_reason: str = "None"  # vLLM: str(None); the ensemble protocol uses ""
     return_cumulative_logprob: bool = False
     return_output_ids: bool = False
     zero_logprobs: bool = False             # report 0.0 logprobs (TensorRT-LLM when not asked)
@@ -73,9 +89,9 @@ class _Pending:
 
 
 class Responder:
-    """Owns the response thread. `decode_token(id) -> str` renders logprob entries."""
+    """Owns the response thread. `decode_token(id, skip_special_tokens) -> str` renders logprob entries."""
 
-    def __init__(self, abort: Callable[[str], None], decode_token: Callable[[int], str],
+    def __init__(self, abort: Callable[[str], None], decode_token: Callable[[int, bool], str],
                  on_finished: Callable[[RequestOutput], None] | None = None, poll_s: float = 0.1):
         self._abort = abort
         self._decode_token = decode_token
@@ -108,9 +124,10 @@ class Responder:
 
     # -- response thread -------------------------------------------------------------------------
     def _run(self) -> None:
+        next_sweep = time.monotonic() + self._poll_s
         while not self._stop:
             try:
-                out = self._q.get(timeout=self._poll_s)
+                out = self._q.get(timeout=max(0.0, next_sweep - time.monotonic()))
             except queue.Empty:
                 out = None
             if out is not None:
@@ -118,15 +135,24 @@ class Responder:
                     self._handle(out)
                 except Exception:
                     log.exception("sending the response of %s failed", out.request_id)
-            self._check_cancelled()
+            now = time.monotonic()
+            if now >= next_sweep:
+                try:
+                    self._check_cancelled()
+                except Exception:
+                    log.exception("cancellation sweep failed")
+                next_sweep = now + self._poll_s
 
     def _check_cancelled(self) -> None:
+        """One is_cancelled() per request in flight (this thread also sends their final responses,
+        so none of them is past its final response here)."""
         with self._lock:
             live = list(self._live.items())
         for rid, p in live:
             if not p.cancelled and p.sender.is_cancelled():
                 p.cancelled = True
-                log.info("request %s cancelled by the client: aborting", rid)
+                log.info("request %s cancelled by the client%s: aborting", rid,
+                         "" if p.sent_any else " before any response")
                 self._abort(rid)
 
     def _handle(self, out: RequestOutput) -> None:
@@ -151,12 +177,9 @@ class Responder:
             err = pb_utils.TritonError(out.error or "error", triton_code(out.error_code))
             self._send(p, pb_utils.InferenceResponse(error=err), final=True)
             return
-        if p.cancelled or p.sender.is_cancelled():
-            if out.finished:  # the stream is gone; close our side
+        if p.cancelled:  # seen by the sweep, which aborted it: send nothing more but the end
+            if out.finished:
                 self._send(p, None, final=True)
-            else:
-                p.cancelled = True
-                self._abort(out.request_id)
             return
         buf = p.buffer(out.sequence_index)
         buf.text.append(out.text)
@@ -177,6 +200,23 @@ class Responder:
         p.sender.send(resp, flags=flags)
         p.sent_any = True
 
+    def _logprob_entries(self, buf: _SeqBuffer, o: ResponseOptions) -> list[dict]:
+        """Per token {token id: {"logprob", "rank", "decoded_token"}}: the sampled token first, with its
+        rank in the vocabulary (the sampler's), then the top alternatives ranked 1..logprobs."""
+        skip = o.skip_special_tokens
+        entries = []
+        for tok, (lp, top) in zip(buf.ids, buf.logprobs):
+            mine = {"logprob": lp, "rank": getattr(top, "rank", None), "decoded_token": self._decode_token(tok, skip)}
+            d = {str(tok): mine}
+            for rank, (alt, alp) in enumerate(top, 1):
+                if alt == tok:
+                    if mine["rank"] is None:
+                        mine["rank"] = rank
+                    continue
+                d[str(alt)] = {"logprob": alp, "rank": rank, "decoded_token": self._decode_token(alt, skip)}
+            entries.append(d)
+        return entries
+
     def _build(self, p: _Pending, buf: _SeqBuffer, out: RequestOutput):
         import triton_python_backend_utils as pb_utils
 
@@ -186,7 +226,7 @@ class Responder:
             text = o.prompt_text + text
         tensors = [pb_utils.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_))]
         if o.return_finish_reason:
-            reason = out.finish_reason if out.sequence_finished else ""
+            reason = out.finish_reason if out.sequence_finished else o.intermediate_finish_reason
             tensors.append(pb_utils.Tensor("finish_reason", np.array([reason.encode()], dtype=np.object_)))
         if o.return_num_input_tokens:
             tensors.append(pb_utils.Tensor("num_input_tokens", np.array([out.num_prompt_tokens], dtype=np.uint32)))
@@ -197,15 +237,8 @@ class Responder:
             cum = 0.0 if o.zero_logprobs else out.cumulative_logprob
             tensors.append(pb_utils.Tensor("cumulative_logprob", np.array([cum], dtype=np.float32)))
         if o.return_logprobs:
-            entries = []
-            for tok, (lp, top) in zip(buf.ids, buf.logprobs):
-                d = {str(tok): {"logprob": lp, "decoded_token": self._decode_token(tok)}}
-                for rank, (alt, alp) in enumerate(top, 1):
-                    d.setdefault(str(alt), {"logprob": alp, "rank": rank, "decoded_token": self._decode_token(alt)})
-                    if alt == tok:
-                        d[str(tok)]["rank"] = rank
-                entries.append(d)
-            tensors.append(pb_utils.Tensor("logprobs", np.array([json.dumps(entries).encode()], dtype=np.object_)))
+            body = b"null" if o.logprobs_null else json.dumps(self._logprob_entries(buf, o)).encode()
+            tensors.append(pb_utils.Tensor("logprobs", np.array([body], dtype=np.object_)))
         if o.return_output_ids:
             tensors.append(pb_utils.Tensor("output_ids", np.array(buf.ids, dtype=np.int32)))
             lps = np.array([0.0 if o.zero_logprobs else lp for lp, _ in buf.logprobs], dtype=np.float32)

@@ -46,7 +46,8 @@ def assert_http_invalid(r, *names):
 
 
 def logprob_entries(r) -> list[tuple[int, dict]]:
-    """(token id, entry) of every generated token, over all responses (return_logprobs)."""
+    """(token id, entry) of every generated token, over all responses (return_logprobs with a
+    `logprobs` count: without one the output is JSON null, as from the vLLM backend)."""
     out = []
     for arr in r.all("logprobs"):
         for d in json.loads(arr.reshape(-1)[0]):
@@ -88,7 +89,7 @@ def test_llm_stream_byte_tokens_are_joined_before_sending(triton_server, chat_pr
     never shows those halves, and the joined deltas equal the tokenizer's decode of all tokens."""
     prompt = chat_prompt(SPLIT_CHAR_PROMPTS[0])
     r = llm_stream(triton_server.grpc_url, prompt, stream=True,
-                   sampling_parameters=dict(GREEDY, max_tokens="24"), return_logprobs=True).raise_for_error()
+                   sampling_parameters=dict(GREEDY, max_tokens="24", logprobs="0"), return_logprobs=True).raise_for_error()
     deltas = r.texts()
     assert not [d for d in deltas if REPLACEMENT in d], deltas
     entries = logprob_entries(r)
@@ -118,7 +119,7 @@ def test_ensemble_stream_keeps_spaces(triton_server):
 
 def test_llm_stream_keeps_spaces_and_equals_decode(triton_server, tokenizer):
     r = llm_stream(triton_server.grpc_url, "Once upon a time", stream=True,
-                   sampling_parameters=dict(GREEDY, max_tokens="16"), return_logprobs=True).raise_for_error()
+                   sampling_parameters=dict(GREEDY, max_tokens="16", logprobs="0"), return_logprobs=True).raise_for_error()
     deltas = r.texts()
     ids = [t for t, _ in logprob_entries(r)]
     assert len(ids) == 16
@@ -262,7 +263,7 @@ def test_llm_max_tokens_1_min_tokens_1(triton_server, stream):
                       sampling_parameters=dict(GREEDY, max_tokens="1"), **COUNTS).raise_for_error()
     assert finish_reason(base) == "stop" and num_output_tokens(base) == 1
     r = llm_stream(url, EOS_FIRST_PROMPT, stream=stream, exclude_input_in_output=True if not stream else None,
-                   sampling_parameters=dict(GREEDY, max_tokens="1", min_tokens="1"),
+                   sampling_parameters=dict(GREEDY, max_tokens="1", min_tokens="1", logprobs="0"),
                    return_logprobs=True, **COUNTS).raise_for_error()
     assert finish_reason(r) == "length"
     assert sum(int(a.reshape(-1)[0]) for a in r.all("num_output_tokens")) == 1

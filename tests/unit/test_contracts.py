@@ -64,10 +64,11 @@ def test_trtllm_names_map_to_params_and_survive_the_json_between_the_steps():
 # -- vLLM --------------------------------------------------------------------------------------------
 
 def test_vllm_ranges_are_the_engines():
-    """from_vllm_json converts; the engine's validate judges (top_p 0 is an error, top_k -1 is off)."""
-    p = from_vllm_json(json.dumps({"top_p": "0"}))
-    assert field_of(p.validate, VOCAB) == "top_p"
-    from_vllm_json(json.dumps({"top_k": "-1"})).validate(VOCAB)
+    """The engine's validate judges (top_p 0 is an error, top_k -1 is off), run by the contract with the
+    vocabulary size, under the contract's name for the key (one form with the type errors)."""
+    assert field_of(from_vllm_json, json.dumps({"top_p": "0"}), VOCAB) == "sampling_parameters.top_p"
+    assert field_of(from_vllm_json(json.dumps({"top_p": "0"})).validate, VOCAB) == "top_p"  # the engine's own
+    from_vllm_json(json.dumps({"top_k": "-1"}), VOCAB).validate(VOCAB)
     assert from_vllm_json(None) == SamplingParams() == from_vllm_json("  ")
 
 

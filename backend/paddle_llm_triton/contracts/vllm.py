@@ -1,11 +1,21 @@
-"""The Triton vLLM-backend contract (model `llm`): `sampling_parameters` JSON -> SamplingParams.
+"""The Triton vLLM-backend contract (model `llm`): `sampling_parameters` JSON, or the request's
+Triton parameters, -> SamplingParams.
 
 `sampling_parameters` is a JSON object; clients written for Triton's vLLM backend often send
-numbers as strings ({"temperature": "0.1"}), so numeric strings are converted, strictly. Unknown
-keys and values of the wrong type raise InvalidRequestError naming `sampling_parameters.<key>`;
-nothing is silently dropped or defaulted. The ranges of the values are the engine's own rules
-(SamplingParams.validate, which the engine runs when the request is added): vLLM's semantics are
-the engine's, so this contract adds none of its own beyond `n` / `best_of` being 1.
+numbers as strings ({"temperature": "0.1"}), so numeric strings are converted, strictly. Without
+that tensor the sampling parameters are the request's Triton parameters (`request.parameters()`,
+what Triton's HTTP generate endpoint makes of `"parameters": {...}` and of other JSON keys that are
+not inputs; gRPC `parameters=`), read by the same rules; when the tensor is sent, the request
+parameters are not read at all (the vLLM backend's rule). Among request parameters, names of llm's
+BOOL inputs (stream, exclude_input_in_output, return_*) are those inputs (INPUT_FLAGS) and Triton's
+own names (TRITON_PARAMETERS) are skipped.
+
+Every failure is an InvalidRequestError naming `sampling_parameters.<key>`, for unknown keys, values
+of the wrong type and values out of range alike (one form, whichever way the key came). Known vLLM
+SamplingParams keys that this server does not implement (UNSUPPORTED_VLLM_KEYS) say so; any other
+unknown key is "unknown key". The ranges are the engine's own rules (SamplingParams.validate), run
+here with the model's vocabulary size: vLLM's semantics are the engine's, so this contract adds none
+of its own beyond `n` / `best_of` being 1.
 """
 
 from __future__ import annotations
@@ -66,10 +76,31 @@ def _to_str_list(field: str, v) -> list[str]:
     raise InvalidRequestError(field, f"expected a string or a list of strings, got {v!r}")
 
 
+def _json_string(field: str, v, kind: type):
+    """A request parameter can only be a scalar: a list or object arrives as a JSON string."""
+    if isinstance(v, str) and v.strip()[:1] in ("[", "{"):
+        try:
+            v = json.loads(v)
+        except json.JSONDecodeError as e:
+            raise InvalidRequestError(field, f"not valid JSON: {e}") from None
+        if not isinstance(v, kind):
+            raise InvalidRequestError(field, f"expected a JSON {'list' if kind is list else 'object'}")
+    return v
+
+
 def _to_int_list(field: str, v) -> list[int]:
+    v = _json_string(field, v, list)
     if isinstance(v, list):
         return [_to_int(field, x) for x in v]
     return [_to_int(field, v)]
+
+
+def _to_logit_bias(field: str, v) -> dict[int, float]:
+    """{token id: bias} (ids may be strings: JSON object keys are)."""
+    v = _json_string(field, v, dict)
+    if not isinstance(v, dict):
+        raise InvalidRequestError(field, f"expected an object {{token id: bias}}, got {v!r}")
+    return {_to_int(field, k): _to_float(field, b) for k, b in v.items()}
 
 
 def _must_be_one(field: str, v) -> int:
@@ -104,11 +135,42 @@ _VLLM_KEYS = {
     # guided decoding (contracts/guided.py): vLLM's GuidedDecodingParams under its old and new names
     "guided_decoding": (guided.from_vllm, "guide"),
     "structured_outputs": (guided.from_vllm, "guide"),
+    "include_stop_str_in_output": (_to_bool, "include_stop_str_in_output"),
+    "spaces_between_special_tokens": (_to_bool, "spaces_between_special_tokens"),
+    "logit_bias": (_to_logit_bias, "logit_bias"),
+    "allowed_token_ids": (_to_int_list, "allowed_token_ids"),
+    "truncate_prompt_tokens": (_to_int, "truncate_prompt_tokens"),
 }
 
+# vLLM SamplingParams keys (and the vLLM backend's lora_name) not implemented here: key -> (the value
+# that changes nothing, accepted; or _NO_NOOP) and why. Refused with that reason, not as unknown.
+_NO_NOOP = object()
+UNSUPPORTED_VLLM_KEYS = {
+    "prompt_logprobs": (_NO_NOOP, "prompt logprobs are not computed (the model scores the last position only)"),
+    "detokenize": (True, "the output is always detokenized"),
+    "logits_processors": (_NO_NOOP, "custom logits processors cannot be sent to this server"),
+    "output_kind": (_NO_NOOP, "the response form follows the `stream` input"),
+    "extra_args": (_NO_NOOP, "no extension reads them"),
+    "use_beam_search": (False, "beam search is not implemented"),
+    "length_penalty": (1.0, "it acts in beam search only, which is not implemented"),
+    "early_stopping": (False, "it acts in beam search only, which is not implemented"),
+    "lora_name": (_NO_NOOP, "LoRA adapters are not supported"),
+    "flat_logprobs": (_NO_NOOP, "logprobs are returned in the vLLM backend's per-token form"),
+    "skip_reading_prefix_cache": (_NO_NOOP, "the prefix cache is a model setting (enable_prefix_caching)"),
+}
 
-def from_vllm_json(text: str | bytes | None) -> SamplingParams:
-    """Parse the vLLM backend's `sampling_parameters` JSON. Empty / None -> all defaults."""
+# llm's BOOL inputs, also read from request parameters when the tensor is absent (Triton's HTTP
+# generate endpoint already turns parameters with these names into the inputs)
+INPUT_FLAGS = ("stream", "exclude_input_in_output", "return_finish_reason", "return_cumulative_logprob",
+               "return_logprobs", "return_num_input_tokens", "return_num_output_tokens")
+# request parameters that are Triton's, not sampling parameters (also every "triton_" name)
+TRITON_PARAMETERS = frozenset({"priority", "timeout", "sequence_id", "sequence_start", "sequence_end",
+                               "binary_data_output", "binary_data_size"})
+
+
+def from_vllm_json(text: str | bytes | None, vocab_size: int | None = None) -> SamplingParams:
+    """Parse the vLLM backend's `sampling_parameters` JSON. Empty / None -> all defaults.
+    vocab_size: also check the ranges (SamplingParams.validate), naming sampling_parameters.<key>."""
     p = SamplingParams()
     if text is None:
         return p
@@ -122,6 +184,34 @@ def from_vllm_json(text: str | bytes | None) -> SamplingParams:
         raise InvalidRequestError("sampling_parameters", f"not valid JSON: {e}") from None
     if not isinstance(obj, dict):
         raise InvalidRequestError("sampling_parameters", "must be a JSON object")
+    return _from_dict(obj, vocab_size)
+
+
+def from_request_parameters(raw: str | dict | None, vocab_size: int | None = None
+                            ) -> tuple[SamplingParams, dict[str, bool]]:
+    """The request's Triton parameters (`request.parameters()` JSON) -> (params, input flags).
+
+    Sampling keys as in `sampling_parameters` (same conversions, same errors); a `sampling_parameters`
+    parameter holding the JSON is used as that input would be; names in INPUT_FLAGS come back as
+    flags {name: bool}; Triton's own parameters are skipped."""
+    obj = json.loads(raw) if isinstance(raw, (str, bytes)) and raw.strip() else (raw or {})
+    flags: dict[str, bool] = {}
+    keys: dict = {}
+    for key, value in obj.items():
+        if key in INPUT_FLAGS:
+            flags[key] = _to_bool(key, value)
+        elif key in TRITON_PARAMETERS or key.startswith("triton_"):
+            continue
+        else:
+            keys[key] = value
+    if "sampling_parameters" in keys:
+        sp = keys["sampling_parameters"]
+        return from_vllm_json(sp if isinstance(sp, str) else json.dumps(sp), vocab_size), flags
+    return _from_dict(keys, vocab_size), flags
+
+
+def _from_dict(obj: dict, vocab_size: int | None) -> SamplingParams:
+    p = SamplingParams()
     if all(obj.get(k) is not None for k in guided.VLLM_GUIDE_KEYS):
         raise InvalidRequestError("sampling_parameters.guided_decoding",
                                   "send either guided_decoding or structured_outputs, not both")
@@ -129,14 +219,43 @@ def from_vllm_json(text: str | bytes | None) -> SamplingParams:
         spec = _VLLM_KEYS.get(key)
         field = f"sampling_parameters.{key}"
         if spec is None:
-            raise InvalidRequestError(field, f"unknown key (supported: {', '.join(sorted(_VLLM_KEYS))})")
+            if key in UNSUPPORTED_VLLM_KEYS:
+                noop, why = UNSUPPORTED_VLLM_KEYS[key]
+                if value is None or (noop is not _NO_NOOP and _same(noop, value)):
+                    continue
+                raise InvalidRequestError(field, f"a vLLM sampling parameter that this server does not support: {why}")
+            raise InvalidRequestError(field, f"unknown key (supported: {', '.join(sorted(_VLLM_KEYS))}; vLLM "
+                                             f"parameters not supported here: {', '.join(sorted(UNSUPPORTED_VLLM_KEYS))})")
         if value is None:
             continue  # JSON null = not set, as in vLLM
         conv, attr = spec
         v = conv(field, value)
         if attr is not None:
             setattr(p, attr, v)
+    if vocab_size is not None:
+        try:
+            p.validate(vocab_size)
+        except InvalidRequestError as e:  # the engine's rule, under this contract's name for the key
+            raise InvalidRequestError(f"sampling_parameters.{e.field}", e.message) from None
     return p
+
+
+def _same(noop, value) -> bool:
+    """value (as a client sends it: 1, "1.0", "false", ...) equals the no-op value."""
+    try:
+        if isinstance(noop, bool):
+            return _to_bool("", value) == noop
+        return _to_float("", value) == noop
+    except InvalidRequestError:
+        return False
+
+
+def check_max_tokens(p: SamplingParams, num_prompt_tokens: int, max_model_len: int) -> None:
+    """The engine's prompt + max_tokens <= max_model_len rule, named sampling_parameters.max_tokens."""
+    if p.max_tokens is not None and num_prompt_tokens + p.max_tokens > max_model_len:
+        raise InvalidRequestError("sampling_parameters.max_tokens",
+                                  f"prompt ({num_prompt_tokens} tokens) + max_tokens ({p.max_tokens}) exceeds "
+                                  f"max_model_len ({max_model_len})")
 
 
 def to_json(p: SamplingParams) -> str:

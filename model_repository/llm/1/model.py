@@ -21,7 +21,7 @@ from paddle_llm_engine.tokenizer import encode_prompt
 from paddle_llm_triton import ensemble_protocol as protocol
 from paddle_llm_triton import tensors as T
 from paddle_llm_triton.config_params import engine_config_from_triton, serving_options
-from paddle_llm_triton.contracts.vllm import from_vllm_json
+from paddle_llm_triton.contracts.vllm import check_max_tokens, from_request_parameters, from_vllm_json
 from paddle_llm_triton.fault_injection import install_step_fault
 from paddle_llm_triton.instances import instance_names
 from paddle_llm_triton.metrics import LLMMetrics
@@ -44,6 +44,7 @@ class TritonPythonModel:
                                    "instance": self.instance})
         self.engine = LLMEngine(cfg)
         install_step_fault(self.engine, opts.fault_inject_after_steps)  # tests only; 0 = off
+        self.default_max_tokens = opts.default_max_tokens  # 0: max_model_len - prompt tokens
         self.tokenizer = self.engine.tokenizer
         self.loop = EngineLoop(self.engine, on_state=self.metrics.on_state, on_failure=self._on_engine_failure)
         self.stops = StopRequests(self.loop.abort, args["model_name"], self.instance,
@@ -70,8 +71,8 @@ class TritonPythonModel:
         self.metrics.on_output(out)
         self.responder.push(out)
 
-    def _decode_token(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+    def _decode_token(self, token_id: int, skip_special_tokens: bool = False) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=skip_special_tokens)
 
     def execute(self, requests):
         for request in requests:
@@ -132,24 +133,49 @@ class TritonPythonModel:
             prompt_ids = encode_prompt(self.tokenizer, text)
         else:
             raise InvalidRequestError("text_input", "required")
-        params = from_vllm_json(T.get_str(request, "sampling_parameters"))
-        stream = bool(T.get_bool(request, "stream"))
+        # sampling parameters: the sampling_parameters tensor, else the request's Triton parameters
+        # (the vLLM backend's rule: with the tensor, request parameters are not read); vLLM requests
+        # are range-checked here so that every error names sampling_parameters.<key>
+        sp_text = T.get_str(request, "sampling_parameters")
+        vocab = None if ensemble else self.engine.model_config.vocab_size
+        if sp_text is not None or ensemble:
+            params, pflags = from_vllm_json(sp_text, vocab), {}
+        else:
+            params, pflags = from_request_parameters(request.parameters(), vocab)
+
+        def flag(name: str) -> bool | None:
+            """A BOOL input: the tensor, else a request parameter of that name (gRPC clients)."""
+            v = T.get_bool(request, name)
+            return pflags.get(name) if v is None else v
+
+        limit = self.engine.config.max_model_len
+        n_prompt = len(params.truncated_prompt(prompt_ids, limit))
+        if params.max_tokens is None and self.default_max_tokens and n_prompt < limit:
+            params.max_tokens = min(self.default_max_tokens, limit - n_prompt)  # a default never fails
+        if not ensemble:
+            check_max_tokens(params, n_prompt, limit)
+        stream = bool(flag("stream"))
         # The prompt text is prepended to a non-streamed answer unless exclude_input_in_output is
         # True (vLLM backend and TensorRT-LLM semantics alike); a stream never repeats it, and a
         # vLLM client that asks for it while streaming gets an error, as from the vLLM backend.
-        exclude = T.get_bool(request, "exclude_input_in_output")
+        exclude = flag("exclude_input_in_output")
         if stream and exclude is False and not ensemble:
             raise InvalidRequestError("exclude_input_in_output", "False is not allowed when streaming")
         prepend = text is not None and not stream and not exclude
-        want_lp = bool(T.get_bool(request, "return_logprobs"))
+        want_lp = bool(flag("return_logprobs"))
+        want_cum = bool(flag("return_cumulative_logprob"))
         opts = ResponseOptions(
             stream=stream,
             prompt_text=text if prepend else None,
-            return_finish_reason=bool(T.get_bool(request, "return_finish_reason")),
-            return_num_input_tokens=bool(T.get_bool(request, "return_num_input_tokens")),
-            return_num_output_tokens=bool(T.get_bool(request, "return_num_output_tokens")),
+            return_finish_reason=bool(flag("return_finish_reason")),
+            return_num_input_tokens=bool(flag("return_num_input_tokens")),
+            return_num_output_tokens=bool(flag("return_num_output_tokens")),
             return_logprobs=want_lp,
-            return_cumulative_logprob=bool(T.get_bool(request, "return_cumulative_logprob")) or ensemble,
+            # vLLM: return_logprobs without `logprobs` asked is JSON null (vLLM computes none)
+            logprobs_null=want_lp and params.logprobs is None and not ensemble,
+            skip_special_tokens=params.skip_special_tokens,
+            intermediate_finish_reason="" if ensemble else "None",  # the ensemble protocol's ""
+            return_cumulative_logprob=want_cum or ensemble,
             # TensorRT-LLM's output_log_probs / cum_log_probs: always present, zeros unless asked
             return_output_ids=ensemble,
             zero_logprobs=ensemble and not want_lp,
@@ -159,10 +185,10 @@ class TritonPythonModel:
         )
         if num_seqs is not None:  # the ensemble's num_return_sequences (validated by preprocessing)
             params.n = num_seqs
-        if opts.return_logprobs and params.logprobs is None:
-            params.logprobs = 0
+        if ensemble and want_lp and params.logprobs is None:
+            params.logprobs = 0  # TensorRT-LLM's output_log_probs: the chosen token's logprob
         # values are computed only when some output will carry them (the ensemble's zeros do not)
-        params.compute_logprobs = want_lp or bool(T.get_bool(request, "return_cumulative_logprob"))
+        params.compute_logprobs = want_lp or want_cum
         rid = uuid.uuid4().hex
         self.responder.register(rid, sender, opts)
         self.stops.add(request.request_id(), rid)

@@ -1,0 +1,190 @@
+"""The llm model's response thread (paddle_llm_triton/responder.py) against a stand-in
+triton_python_backend_utils: vLLM's additional-outputs semantics (intermediate finish_reason "None",
+"rank" on every logprob entry, JSON null logprobs when none were asked, decoded_token following
+skip_special_tokens) and the cancellation sweep (every request in flight, streamed or not, sent
+anything or not; one is_cancelled() per request per sweep, not per token)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+import types
+
+import numpy as np
+import pytest
+
+from paddle_llm_engine.outputs import RequestOutput
+from paddle_llm_engine.sampler import TopLogprobs
+
+
+@pytest.fixture
+def pb(monkeypatch):
+    m = types.ModuleType("triton_python_backend_utils")
+    m.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+
+    class Tensor:
+        def __init__(self, name, arr):
+            self._name, self._arr = name, arr
+
+        def name(self):
+            return self._name
+
+        def as_numpy(self):
+            return self._arr
+
+    class InferenceResponse:
+        def __init__(self, output_tensors=(), error=None):
+            self.tensors = {t.name(): t.as_numpy() for t in output_tensors}
+            self.error = error
+
+    class TritonError:
+        INVALID_ARG, UNAVAILABLE, INTERNAL, CANCELLED = 1, 2, 3, 4
+
+        def __init__(self, message, code=3):
+            self.message, self.code = message, code
+
+    m.Tensor, m.InferenceResponse, m.TritonError = Tensor, InferenceResponse, TritonError
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", m)
+    return m
+
+
+class Sender:
+    def __init__(self):
+        self.sent = []  # (response or None, flags)
+        self.cancelled = False
+        self.polls = 0
+        self.done = threading.Event()
+
+    def send(self, resp, flags=0):
+        self.sent.append((resp, flags))
+        if flags:
+            self.done.set()
+
+    def is_cancelled(self):
+        assert not self.done.is_set(), "is_cancelled() after the final response (crashed Triton 2.51)"
+        self.polls += 1
+        return self.cancelled
+
+
+class Tok:
+    """decode_token stand-in: id 2 is the special EOS "<eos>"; others "t<id>"."""
+
+    def __call__(self, tok, skip):
+        return "" if tok == 2 and skip else ("<eos>" if tok == 2 else f"t{tok}")
+
+
+def out(rid, text, ids, finished=False, reason=None, lps=None, n_out=0):
+    return RequestOutput(request_id=rid, text=text, token_ids=ids, finished=finished,
+                         finish_reason=reason if finished else None, num_prompt_tokens=3,
+                         num_output_tokens=n_out, logprobs=lps or [(-0.5, TopLogprobs([], rank=1))] * len(ids),
+                         cumulative_logprob=-0.5 * n_out)
+
+
+def make(pb, poll_s=0.05):
+    from paddle_llm_triton.responder import Responder
+
+    aborted = []
+    return Responder(abort=aborted.append, decode_token=Tok(), poll_s=poll_s), aborted
+
+
+def wait(pred, timeout=5.0):
+    t0 = time.monotonic()
+    while not pred():
+        assert time.monotonic() - t0 < timeout, "condition not met"
+        time.sleep(0.005)
+
+
+def test_stream_intermediate_finish_reason_is_None_and_last_is_the_reason(pb):
+    from paddle_llm_triton.responder import ResponseOptions
+
+    r, _ = make(pb)
+    s = Sender()
+    r.register("a", s, ResponseOptions(stream=True, return_finish_reason=True))
+    for i in range(3):
+        r.push(out("a", f"w{i} ", [10 + i], n_out=i + 1))
+    r.push(out("a", "end", [2], finished=True, reason="length", n_out=4))
+    assert s.done.wait(5)
+    reasons = [resp.tensors["finish_reason"][0] for resp, _ in s.sent]
+    assert reasons == [b"None", b"None", b"None", b"length"]
+    # the ensemble protocol keeps "" for intermediate responses
+    s2 = Sender()
+    r.register("b", s2, ResponseOptions(stream=True, return_finish_reason=True, intermediate_finish_reason=""))
+    r.push(out("b", "x", [10], n_out=1))
+    r.push(out("b", "y", [11], finished=True, reason="stop", n_out=2))
+    assert s2.done.wait(5)
+    assert [resp.tensors["finish_reason"][0] for resp, _ in s2.sent] == [b"", b"stop"]
+    r.shutdown()
+
+
+def test_logprob_entries_carry_rank_and_decoded_token_follows_skip_special_tokens(pb):
+    from paddle_llm_triton.responder import ResponseOptions
+
+    r, _ = make(pb)
+    lps = [(-0.1, TopLogprobs([(10, -0.1), (11, -2.0)], rank=1)),   # sampled = top-1
+           (-3.0, TopLogprobs([(12, -0.2), (13, -1.0)], rank=7)),   # sampled outside the top 2
+           (-0.3, TopLogprobs([], rank=1))]                          # EOS, logprobs=0
+    for skip, eos_text in ((True, ""), (False, "<eos>")):
+        s = Sender()
+        r.register("a", s, ResponseOptions(return_logprobs=True, skip_special_tokens=skip))
+        r.push(out("a", "t10t20", [10, 20, 2], finished=True, reason="stop", lps=lps, n_out=3))
+        assert s.done.wait(5)
+        entries = json.loads(s.sent[0][0].tensors["logprobs"][0])
+        assert [list(e) for e in entries] == [["10", "11"], ["20", "12", "13"], ["2"]]
+        assert entries[0]["10"] == {"logprob": -0.1, "rank": 1, "decoded_token": "t10"}
+        assert entries[0]["11"]["rank"] == 2
+        assert entries[1]["20"]["rank"] == 7 and [entries[1][k]["rank"] for k in ("12", "13")] == [1, 2]
+        assert entries[2]["2"] == {"logprob": -0.3, "rank": 1, "decoded_token": eos_text}
+        assert all(set(v) == {"logprob", "rank", "decoded_token"} for e in entries for v in e.values())
+    r.shutdown()
+
+
+def test_return_logprobs_without_logprobs_asked_is_json_null(pb):
+    from paddle_llm_triton.responder import ResponseOptions
+
+    r, _ = make(pb)
+    s = Sender()
+    r.register("a", s, ResponseOptions(stream=True, return_logprobs=True, logprobs_null=True))
+    r.push(out("a", "x", [10], n_out=1))
+    r.push(out("a", "y", [11], finished=True, reason="length", n_out=2))
+    assert s.done.wait(5)
+    assert [json.loads(resp.tensors["logprobs"][0]) for resp, _ in s.sent] == [None, None]
+    r.shutdown()
+
+
+def test_cancellation_is_seen_before_any_response_and_aborts(pb):
+    """A non-streamed request has sent nothing while it generates: the sweep still polls it."""
+    from paddle_llm_triton.responder import ResponseOptions
+
+    r, aborted = make(pb)
+    quiet, other = Sender(), Sender()
+    r.register("quiet", quiet, ResponseOptions(stream=False))
+    r.register("other", other, ResponseOptions(stream=True))
+    wait(lambda: quiet.polls >= 2)
+    assert not aborted
+    t0 = time.monotonic()
+    quiet.cancelled = True
+    wait(lambda: aborted == ["quiet"])
+    assert time.monotonic() - t0 < 0.5
+    r.push(out("quiet", "", [], finished=True, reason="abort"))  # the engine's final output of the abort
+    assert quiet.done.wait(5)
+    assert quiet.sent == [(None, 1)]  # only the empty final response
+    r.shutdown()
+
+
+def test_sweep_polls_each_request_once_per_period_not_per_output(pb):
+    from paddle_llm_triton.responder import ResponseOptions
+
+    r, _ = make(pb, poll_s=0.1)
+    s = Sender()
+    r.register("a", s, ResponseOptions(stream=True))
+    t0 = time.monotonic()
+    for i in range(2000):  # a busy stream: many outputs per sweep period
+        r.push(out("a", "x", [10], n_out=i + 1))
+    r.push(out("a", "y", [11], finished=True, reason="length", n_out=2001))
+    assert s.done.wait(30)
+    elapsed = time.monotonic() - t0
+    assert len(s.sent) == 2001
+    assert s.polls <= elapsed / 0.1 + 2, f"{s.polls} is_cancelled() calls in {elapsed:.2f} s"
+    r.shutdown()
