@@ -263,6 +263,101 @@ def bench_norm(batches, repeats, fused_ok: bool):
         row(f"add_rms_norm B={b}", cols)
 
 
+def bench_decoder_step(batches, ctx, repeats, fused_ok: bool):
+    """A whole SmolLM2 decode step (random weights, 30 layers, lm head) written twice: with the
+    composed ops as models/llama.py calls them today, and with our kernels. Not the engine: no
+    sampling, no runner; the same tensors in, logits out (checked to agree)."""
+    import paddle.nn.functional as F
+
+    print(f"\n== decoder step, 30 layers + lm head, B decodes at contexts uniform in [{ctx // 2}, {3 * ctx // 2}] "
+          "(composed = the model's ops today" + (", RMSNorm fused" if fused_ok else "") + "; ours = our kernels)")
+    rng = np.random.default_rng(7)
+    bs = 64
+    qkv_n = (HEADS + 2 * KV_HEADS) * HEAD_DIM
+    layers = []
+    for _ in range(LAYERS):
+        ws = {"qkv": (qkv_n, HIDDEN), "o": (HIDDEN, HEADS * HEAD_DIM), "gate_up": (2 * INTER, HIDDEN),
+              "down": (HIDDEN, INTER)}
+        lay = {}
+        for key, (n, k) in ws.items():
+            w = (rng.standard_normal((n, k), dtype=np.float32) / np.sqrt(k)).astype(np.float32)
+            lay[key + "_nk"] = paddle.to_tensor(w)
+            lay[key + "_kn"] = paddle.to_tensor(np.ascontiguousarray(w.T))
+        lay["in_norm"] = paddle.to_tensor((1 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32))
+        lay["post_norm"] = paddle.to_tensor((1 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32))
+        layers.append(lay)
+    embed = paddle.to_tensor(rng.standard_normal((VOCAB, HIDDEN), dtype=np.float32))
+    final_norm = paddle.to_tensor(np.ones(HIDDEN, np.float32))
+    table = RotaryTable(HEAD_DIM, 8192, 100000.0)
+    norm = rms_norm_fused if fused_ok else rms_norm_composed
+    scale = HEAD_DIM ** -0.5
+    for b in batches:
+        lens = rng.integers(ctx // 2, 3 * ctx // 2 + 1, b)
+        need = [-(-int(c) // bs) for c in lens]
+        nblocks = sum(need) + 8
+        ids = rng.permutation(nblocks)
+        tables = np.zeros((b, max(need)), np.int32)
+        width = int(lens.max())
+        dslots = np.zeros((b, width), np.int64)
+        mask = np.full((1, b, 1, width), -np.inf, np.float32)
+        used = 0
+        for i, (c, n) in enumerate(zip(lens, need)):
+            tables[i, :n] = ids[used:used + n]
+            used += n
+            p = np.arange(c)
+            dslots[i, :c] = tables[i, p // bs].astype(np.int64) * bs + p % bs
+            mask[0, i, 0, :c] = 0
+        new_pos = lens - 1  # the token of this step sits at the last context position
+        slot_mapping = paddle.to_tensor(dslots[np.arange(b), new_pos])
+        positions = paddle.to_tensor(new_pos.astype(np.int64))
+        caches = [(paddle.to_tensor(rng.standard_normal((KV_HEADS, nblocks * bs, HEAD_DIM), dtype=np.float32)),
+                   paddle.to_tensor(rng.standard_normal((KV_HEADS, nblocks * bs, HEAD_DIM), dtype=np.float32)))
+                  for _ in range(LAYERS)]
+        ids_t = paddle.to_tensor(rng.integers(0, VOCAB, b).astype(np.int64))
+        ds, dm = paddle.to_tensor(dslots), paddle.to_tensor(mask)
+        bt, cl = paddle.to_tensor(tables), paddle.to_tensor(lens.astype(np.int32))
+
+        def composed(_):
+            h = paddle.index_select(embed, ids_t, axis=0)
+            cos, sin = table.lookup(positions)
+            for lay, (kc, vc) in zip(layers, caches):
+                x = norm(h, lay["in_norm"], 1e-5)
+                q, k, v = paddle.split(paddle.matmul(x, lay["qkv_kn"]), [HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM,
+                                                                           KV_HEADS * HEAD_DIM], axis=-1)
+                q = apply_rotary(q.reshape([b, HEADS, HEAD_DIM]), cos, sin)
+                k = apply_rotary(k.reshape([b, KV_HEADS, HEAD_DIM]), cos, sin)
+                write_kv(kc, vc, k, v.reshape([b, KV_HEADS, HEAD_DIM]), slot_mapping)
+                attn = decode_attention(q, kc, vc, ds, dm, scale)
+                h = h + paddle.matmul(attn, lay["o_kn"])
+                h = h + paddle.matmul(F.swiglu(paddle.matmul(norm(h, lay["post_norm"], 1e-5), lay["gate_up_kn"])),
+                                      lay["down_kn"])
+            return paddle.matmul(norm(h, final_norm, 1e-5), embed, transpose_y=True)
+
+        def ours(_, isa="avx2_fma"):
+            h = paddle.index_select(embed, ids_t, axis=0)
+            x = ck.rms_norm(h, layers[0]["in_norm"], 1e-5, isa=isa)
+            for li, (lay, (kc, vc)) in enumerate(zip(layers, caches)):
+                qkv = ck.gemv(x, lay["qkv_nk"], isa=isa)
+                q = ck.rotary_kv_write(qkv, positions, table.cos, table.sin, kc, vc, slot_mapping, HEADS, KV_HEADS,
+                                       isa=isa)
+                attn = ck.paged_decode_attention(q, kc, vc, bt, cl, scale, bs, isa=isa)
+                x, h = ck.add_rms_norm(ck.gemv(attn, lay["o_nk"], isa=isa), h, lay["post_norm"], 1e-5, isa=isa)
+                down = ck.gemv(F.swiglu(ck.gemv(x, lay["gate_up_nk"], isa=isa)), lay["down_nk"], isa=isa)
+                nxt = layers[li + 1]["in_norm"] if li + 1 < LAYERS else final_norm
+                x, h = ck.add_rms_norm(down, h, nxt, 1e-5, isa=isa)
+            return ck.gemv(x, embed, isa=isa)
+
+        ref, got = composed(0).numpy(), ours(0).numpy()
+        agree = np.abs(got - ref).max() / np.abs(ref).max()
+        t_c = timeit(composed, 1, repeats)
+        t_o = timeit(ours, 1, repeats)
+        t_g = timeit(lambda i: ours(i, "generic"), 1, max(2, repeats // 2))
+        row(f"decoder step B={b}", [("avx2", t_o, None), ("generic", t_g, None), ("composed", t_c, None)])
+        print(f"{'':<28}  -> tokens/s: ours {b / t_o:.0f}, composed {b / t_c:.0f} ({t_c / t_o:.2f}x); "
+              f"logits agree to {agree:.1e} (relative to max |logit|)")
+        del caches
+
+
 def bench_threading(repeats):
     print("\n== threads for small ops: OpenMP fork/join on the kernels' runtime, and ops forced onto "
           f"{ck.get_num_threads()} threads ('always') vs one thread ('never') vs the thresholds ('auto')")
@@ -299,7 +394,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ctx", type=int, default=512, help="mean context length for attention")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="smaller cold-weight sets and bandwidth buffer")
-    ap.add_argument("--only", default="", help="comma list of sections: bw,gemv,int8,step,rotary,attn,norm,threads")
+    ap.add_argument("--only", default="", help="comma list of sections: bw,gemv,int8,step,rotary,attn,norm,threads,decoder")
     a = ap.parse_args(argv)
     batches = [int(b) for b in a.batches.split(",")]
     paddle.set_device("cpu")
@@ -330,6 +425,8 @@ def main(argv=None) -> int:
         bench_norm(batches, a.repeats, "avx512f" in flags)
     if want("threads"):
         bench_threading(a.repeats)
+    if want("decoder"):
+        bench_decoder_step(batches, a.ctx, a.repeats, "avx512f" in flags)
     return 0
 
 

@@ -116,6 +116,7 @@ inline void tile_generic(const float* x, int64_t K, const WT* w, float* out) {
 
 // ---------------------------------------------------------------------------------- driver
 constexpr int kR = 4;   // weight rows per tile
+constexpr int kR1 = 8;  // weight rows per tile when B = 1
 constexpr int kBT = 3;  // batch rows per tile
 
 struct GemvCtx {
@@ -138,7 +139,7 @@ inline void tile(const float* x, int64_t K, const WT* w, float* out) {
 template <typename WT, int R, bool AVX>
 inline void rows(const GemvCtx& c, int64_t n0) {
   const WT* w = static_cast<const WT*>(c.w) + n0 * c.K;
-  float sums[kBT * kR];
+  float sums[kBT * kR1];
   int64_t b = 0;
   auto emit = [&](int bt) {
     for (int i = 0; i < bt; ++i)
@@ -150,23 +151,31 @@ inline void rows(const GemvCtx& c, int64_t n0) {
         c.y[(b + i) * c.N + n] = v;
       }
   };
-  for (; b + kBT <= c.B; b += kBT) {
-    tile<WT, R, kBT, AVX>(c.x + b * c.K, c.K, w, sums);
-    emit(kBT);
+  if constexpr (R <= kR) {
+    for (; b + kBT <= c.B; b += kBT) {
+      tile<WT, R, kBT, AVX>(c.x + b * c.K, c.K, w, sums);
+      emit(kBT);
+    }
+    if (c.B - b == 2) {
+      tile<WT, R, 2, AVX>(c.x + b * c.K, c.K, w, sums);
+      emit(2);
+      return;
+    }
   }
-  if (c.B - b == 2) {
-    tile<WT, R, 2, AVX>(c.x + b * c.K, c.K, w, sums);
-    emit(2);
-  } else if (c.B - b == 1) {
+  if (c.B - b == 1) {  // wide tiles (R > kR) only serve B = 1
     tile<WT, R, 1, AVX>(c.x + b * c.K, c.K, w, sums);
     emit(1);
   }
 }
 
+// B = 1: 8 weight rows per tile (8 accumulators, 8 concurrent read streams: more memory-level
+// parallelism for the one pass over the weight); B > 1: 4 rows x 3 batch rows (12 accumulators).
 template <typename WT, bool AVX>
 void range_impl(void* ctx, int64_t n0, int64_t n1) {
   const GemvCtx& c = *static_cast<const GemvCtx*>(ctx);
   int64_t n = n0;
+  if (c.B == 1)
+    for (; n + kR1 <= n1; n += kR1) rows<WT, kR1, AVX>(c, n);
   for (; n + kR <= n1; n += kR) rows<WT, kR, AVX>(c, n);
   for (; n < n1; ++n) rows<WT, 1, AVX>(c, n);
 }
@@ -183,7 +192,7 @@ constexpr int64_t kGemvBytesPerThread = 256 * 1024;
 void run(const GemvCtx& c, int64_t weight_bytes, RangeFn fn) {
   int64_t work = weight_bytes + c.B * c.N * c.K / 2;  // weight traffic, plus compute for larger B
   int threads = threads_for(work, kGemvBytesPerThread);
-  parallel_ranges(c.N, kR, threads, fn, const_cast<GemvCtx*>(&c));
+  parallel_ranges(c.N, kR1, threads, fn, const_cast<GemvCtx*>(&c));
 }
 
 }  // namespace
