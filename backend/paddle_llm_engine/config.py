@@ -230,6 +230,9 @@ class EngineConfig:
     kernels: "auto" (each optional fused kernel where the platform layer finds the place can run
         it), "composed" (plain Paddle ops only), or a ';'-separated list of kernels to require
         (e.g. "fused_rms_norm"; refused at start where the place cannot run one).
+    tensor_parallel_size: N > 1 shards the model over N worker processes, one per device
+        (device_id .. device_id + N - 1; on CPU the ids only label the ranks); the engine, scheduler
+        and sampler stay in this process (paddle_llm_engine/tp). KV budgets are per rank.
     """
 
     model_dir: str
@@ -248,6 +251,7 @@ class EngineConfig:
     dtype: str = "auto"
     kv_cache_dtype: str = "auto"
     kernels: str = "auto"
+    tensor_parallel_size: int = 1
 
     def validate(self, model: ModelConfig) -> None:
         """Resolve defaults against the model and check ranges; raises ValueError naming the field."""
@@ -267,6 +271,8 @@ class EngineConfig:
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
                 f"({self.max_num_seqs})"
             )
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if self.max_waiting_requests <= 0:
             raise ValueError(f"max_waiting_requests must be > 0, got {self.max_waiting_requests}")
         if self.num_kv_blocks < 0 or self.kv_cache_memory_bytes <= 0:

@@ -157,6 +157,12 @@ class LLMEngine:
                            prefix_cache_hit_ratio=self.block_manager.prefix_cache_hit_ratio,
                            num_preemptions_total=sch.num_preemptions)
 
+    def close(self) -> None:
+        """Release the runner's processes (tensor parallel workers); idempotent."""
+        close = getattr(self.runner, "close", None)
+        if close is not None:
+            close()
+
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 

@@ -16,6 +16,8 @@ Serving-only parameters (not engine settings):
 
 Device id of an instance: gcu_device_ids when set; else the `device_id` parameter when set (all
 instances on that id); else the instance ordinal (instance k on device k; on CPU the id is unused).
+With tensor_parallel_size N > 1 that id is the instance's first device and its ranks take it and
+the next N - 1; the default is then k * N (instance k on devices k*N .. k*N + N - 1).
 Triton itself gives every KIND_CPU instance device id 0, so its model_instance_device_id is not used.
 """
 
@@ -125,7 +127,7 @@ def engine_config_from_triton(model_config: dict, args: dict) -> EngineConfig:
             raise ValueError("config.pbtxt sets both gcu_device_ids and device_id: set one")
         kwargs["device_id"] = opts.gcu_device_ids[ordinal % len(opts.gcu_device_ids)]
     elif "device_id" not in kwargs:
-        kwargs["device_id"] = ordinal
+        kwargs["device_id"] = ordinal * max(1, kwargs.get("tensor_parallel_size", 1))
     return EngineConfig(**kwargs)
 
 

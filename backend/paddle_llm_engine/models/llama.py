@@ -127,7 +127,7 @@ class LlamaForCausalLM:
     def load_weights(self, model_dir: str) -> None:
         """Load from HF safetensors. Raises KeyError naming a missing tensor, ValueError when the
         checkpoint holds tensors this configuration does not use (e.g. biases the config omits)."""
-        r = CheckpointReader(model_dir)
+        r = self.open_checkpoint(model_dir)
         cfg = self.cfg
 
         def _t(a):
@@ -148,6 +148,19 @@ class LlamaForCausalLM:
             raise ValueError(f"checkpoint tensors not used by model_type {cfg.model_type!r} with this config.json "
                              f"(config and weights disagree?): {', '.join(unused[:8])}{more}")
 
+    def open_checkpoint(self, model_dir: str) -> CheckpointReader:
+        """The reader load_weights takes every tensor from (tensor parallel: a rank's shard of it)."""
+        return CheckpointReader(model_dir)
+
+    def embed_tokens(self, input_ids: paddle.Tensor) -> paddle.Tensor:
+        """input_ids [T] -> [T, H] (tensor parallel: a vocabulary shard's rows, summed over ranks)."""
+        return paddle.index_select(self.embed, input_ids, axis=0)
+
+    def reduce_partial(self, x: paddle.Tensor) -> paddle.Tensor:
+        """The output of a row-parallel projection (o_proj, the MLP's down_proj) made whole: the
+        identity here; tensor parallel sums the ranks' partial results (all_reduce)."""
+        return x
+
     def make_mlp(self, r: CheckpointReader, i: int):
         """Layer i's MLP, or None for the dense one (mixture-of-experts families override this)."""
         return None
@@ -159,7 +172,7 @@ class LlamaForCausalLM:
         rms_norm = ops.rms_norm
         nh, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
         t = input_ids.shape[0]
-        h = paddle.index_select(self.embed, input_ids, axis=0)  # [T, H]
+        h = self.embed_tokens(input_ids)  # [T, H]
         cos, sin = self.rotary.lookup(positions)
         if self.dtype != "float32":
             cos, sin = cos.astype(self.dtype), sin.astype(self.dtype)
@@ -174,8 +187,8 @@ class LlamaForCausalLM:
             v = v.reshape([t, kvh, d])
             ops.write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
             attn = self._attention(q, k_cache, v_cache, meta)
-            h = h + _linear(attn, layer.o, layer.o_bias)
-            h = h + layer.mlp(rms_norm(h, layer.post_norm, eps))
+            h = h + self.reduce_partial(_linear(attn, layer.o, layer.o_bias))
+            h = h + self.reduce_partial(layer.mlp(rms_norm(h, layer.post_norm, eps)))
         return rms_norm(h, self.norm, eps)
 
     def _attention(self, q, k_cache, v_cache, meta: AttentionMetadata) -> paddle.Tensor:

@@ -68,12 +68,16 @@ class ModelRunnerBase:
         gather = self.plan.kv_gather_dtype if self.plan.kv_gather_dtype != self.plan.kv_cache_dtype else None
         self.ops = build_opset(fused_rms_norm=self.plan.kernels.get("fused_rms_norm", False),
                                kv_gather_dtype=gather, fused_moe=self.plan.kernels.get("fused_moe", False))
-        self.model = build_model(model_config, self.ops, self.plan.dtype)
+        self.model = self.make_model()
         self.model.load_weights(engine_config.model_dir)
         self.num_kv_blocks = self._num_kv_blocks()
         self.kv_caches = self._allocate_kv_cache(self.num_kv_blocks)
 
     # -- device hooks -------------------------------------------------------------------------
+    def make_model(self):
+        """The model object, weights not loaded (a tensor-parallel worker makes its shard's model)."""
+        return build_model(self.model_config, self.ops, self.plan.dtype)
+
     def setup_device(self) -> None:
         paddle.set_device(self.device)
 
@@ -205,7 +209,10 @@ class ModelRunnerBase:
         if len(last_rows) == 0:
             return StepResult([], np.empty(0, dtype=np.int64), [])
         logits = self.model.compute_logits(gather_last_tokens(hidden, paddle.to_tensor(last_rows)))
-        logits_np = logits.numpy()
+        return self.sample_step(sampled, logits.numpy(), return_logits)
+
+    def sample_step(self, sampled: list[ScheduledSeq], logits_np: np.ndarray, return_logits: bool) -> StepResult:
+        """The StepResult of a step whose sampled entries gave these logits rows ([len(sampled), V] fp32)."""
         seqs = [s.seq for s in sampled]
         forked = [c for s in sampled for c in s.forks]
         if forked:  # each forked sequence draws from its parent's row with its own RNG

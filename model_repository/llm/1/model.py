@@ -201,6 +201,7 @@ class TritonPythonModel:
 
     def finalize(self):
         self.loop.shutdown()
+        self.engine.close()  # tensor parallel: stops the worker processes
         self.stops.close()
         self.responder.shutdown()
         self.metrics.shutdown()
