@@ -2,30 +2,32 @@
 
 from __future__ import annotations
 
-import importlib
-
 from paddle_llm_engine.config import ModelConfig
+from paddle_llm_engine.models.ernie4_5 import Ernie4_5ForCausalLM
+from paddle_llm_engine.models.llama import LlamaForCausalLM
+from paddle_llm_engine.models.moe import Ernie4_5MoeForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
+from paddle_llm_engine.models.qwen2 import Qwen2ForCausalLM
+from paddle_llm_engine.models.qwen3 import Qwen3ForCausalLM
 
-# model_type -> (module under paddle_llm_engine.models, class): all Llama-like decoders (see arch.py),
-# the mixture-of-experts ones with sparse MLP layers (moe.py).
-SUPPORTED_MODEL_TYPES: dict[str, tuple[str, str]] = {
-    "llama": ("llama", "LlamaForCausalLM"),
-    "qwen2": ("qwen2", "Qwen2ForCausalLM"),
-    "qwen3": ("qwen3", "Qwen3ForCausalLM"),
-    "ernie4_5": ("ernie4_5", "Ernie4_5ForCausalLM"),
-    "qwen2_moe": ("moe", "Qwen2MoeForCausalLM"),
-    "qwen3_moe": ("moe", "Qwen3MoeForCausalLM"),
-    "ernie4_5_moe": ("moe", "Ernie4_5MoeForCausalLM"),
+# model_type -> class: all Llama-like decoders (see arch.py), the mixture-of-experts ones with sparse
+# MLP layers (moe.py).
+SUPPORTED_MODEL_TYPES: dict[str, type] = {
+    "llama": LlamaForCausalLM,
+    "qwen2": Qwen2ForCausalLM,
+    "qwen3": Qwen3ForCausalLM,
+    "ernie4_5": Ernie4_5ForCausalLM,
+    "qwen2_moe": Qwen2MoeForCausalLM,
+    "qwen3_moe": Qwen3MoeForCausalLM,
+    "ernie4_5_moe": Ernie4_5MoeForCausalLM,
 }
 
 
 def model_class(cfg: ModelConfig) -> type:
     """The class of `cfg.model_type`; raises ValueError for an unknown one, naming the supported."""
-    entry = SUPPORTED_MODEL_TYPES.get(cfg.model_type)
-    if entry is None:
+    cls = SUPPORTED_MODEL_TYPES.get(cfg.model_type)
+    if cls is None:
         raise ValueError(f"model_type {cfg.model_type!r} is not supported (supported: {sorted(SUPPORTED_MODEL_TYPES)})")
-    module, name = entry
-    return getattr(importlib.import_module(f"paddle_llm_engine.models.{module}"), name)
+    return cls
 
 
 def build_model(cfg: ModelConfig, ops=None, dtype: str = "float32"):
