@@ -26,6 +26,7 @@ import json
 
 from paddle_llm_engine.errors import InvalidRequestError
 from paddle_llm_engine.guided import GuideSpec
+from paddle_llm_triton.contracts.values import to_bool
 
 VLLM_GUIDE_KEYS = ("guided_decoding", "structured_outputs")
 _VLLM_KINDS = {"json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "grammar",
@@ -37,14 +38,6 @@ _VLLM_UNSUPPORTED = ("structural_tag",)
 TRTLLM_GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar")
 _TRTLLM_KINDS = {"json_schema": "json_schema", "regex": "regex", "ebnf_grammar": "grammar"}
 TRTLLM_ANY_JSON = '{"type": ["object", "array"]}'
-
-
-def _bool(field: str, v) -> bool:
-    if isinstance(v, bool):
-        return v
-    if isinstance(v, str) and v.strip().lower() in ("true", "false"):
-        return v.strip().lower() == "true"
-    raise InvalidRequestError(field, f"expected true or false, got {v!r}")
 
 
 def from_vllm(field: str, value) -> GuideSpec | None:
@@ -65,7 +58,7 @@ def from_vllm(field: str, value) -> GuideSpec | None:
         if k not in _VLLM_KINDS and k not in _VLLM_OPTIONS and k not in _VLLM_UNSUPPORTED:
             raise InvalidRequestError(f"{field}.{k}", "unknown key (supported: "
                                                       f"{', '.join(list(_VLLM_KINDS) + list(_VLLM_OPTIONS))})")
-    if value.get("json_object") is not None and not _bool(f"{field}.json_object", value["json_object"]):
+    if value.get("json_object") is not None and not to_bool(f"{field}.json_object", value["json_object"]):
         value = {k: v for k, v in value.items() if k != "json_object"}  # false = not this kind
     given = [k for k in _VLLM_KINDS if value.get(k) is not None]
     if len(given) > 1:
@@ -73,7 +66,7 @@ def from_vllm(field: str, value) -> GuideSpec | None:
     opts = {}
     for k in ("disable_any_whitespace", "disable_additional_properties", "disable_fallback"):
         if value.get(k) is not None:
-            opts[k] = _bool(f"{field}.{k}", value[k])
+            opts[k] = to_bool(f"{field}.{k}", value[k])
     ws = value.get("whitespace_pattern")
     if ws is not None and not isinstance(ws, str):
         raise InvalidRequestError(f"{field}.whitespace_pattern", f"expected a string, got {ws!r}")

@@ -26,6 +26,7 @@ import math
 from paddle_llm_engine.errors import InvalidRequestError
 from paddle_llm_engine.sampling_params import SamplingParams
 from paddle_llm_triton.contracts import guided
+from paddle_llm_triton.contracts.values import to_bool
 
 
 def _to_int(field: str, v) -> int:
@@ -58,14 +59,6 @@ def _to_float(field: str, v) -> float:
     if not math.isfinite(f):
         raise InvalidRequestError(field, f"must be finite, got {v!r}")
     return f
-
-
-def _to_bool(field: str, v) -> bool:
-    if isinstance(v, bool):
-        return v
-    if isinstance(v, str) and v.strip().lower() in ("true", "false"):
-        return v.strip().lower() == "true"
-    raise InvalidRequestError(field, f"expected true or false, got {v!r}")
 
 
 def _to_str_list(field: str, v) -> list[str]:
@@ -120,12 +113,12 @@ _VLLM_KEYS = {
     "min_tokens": (_to_int, "min_tokens"),
     "stop": (_to_str_list, "stop"),
     "stop_token_ids": (_to_int_list, "stop_token_ids"),
-    "ignore_eos": (_to_bool, "ignore_eos"),
+    "ignore_eos": (to_bool, "ignore_eos"),
     "seed": (_to_int, "seed"),
     "presence_penalty": (_to_float, "presence_penalty"),
     "frequency_penalty": (_to_float, "frequency_penalty"),
     "repetition_penalty": (_to_float, "repetition_penalty"),
-    "skip_special_tokens": (_to_bool, "skip_special_tokens"),
+    "skip_special_tokens": (to_bool, "skip_special_tokens"),
     "logprobs": (_to_int, "logprobs"),
     "bad_words": (_to_str_list, "bad_words"),
     # extension: replaces the model's EOS ids (TensorRT-LLM's end_id); vLLM has no equivalent
@@ -135,8 +128,8 @@ _VLLM_KEYS = {
     # guided decoding (contracts/guided.py): vLLM's GuidedDecodingParams under its old and new names
     "guided_decoding": (guided.from_vllm, "guide"),
     "structured_outputs": (guided.from_vllm, "guide"),
-    "include_stop_str_in_output": (_to_bool, "include_stop_str_in_output"),
-    "spaces_between_special_tokens": (_to_bool, "spaces_between_special_tokens"),
+    "include_stop_str_in_output": (to_bool, "include_stop_str_in_output"),
+    "spaces_between_special_tokens": (to_bool, "spaces_between_special_tokens"),
     "logit_bias": (_to_logit_bias, "logit_bias"),
     "allowed_token_ids": (_to_int_list, "allowed_token_ids"),
     "truncate_prompt_tokens": (_to_int, "truncate_prompt_tokens"),
@@ -199,7 +192,7 @@ def from_request_parameters(raw: str | dict | None, vocab_size: int | None = Non
     keys: dict = {}
     for key, value in obj.items():
         if key in INPUT_FLAGS:
-            flags[key] = _to_bool(key, value)
+            flags[key] = to_bool(key, value)
         elif key in TRITON_PARAMETERS or key.startswith("triton_"):
             continue
         else:
@@ -244,7 +237,7 @@ def _same(noop, value) -> bool:
     """value (as a client sends it: 1, "1.0", "false", ...) equals the no-op value."""
     try:
         if isinstance(noop, bool):
-            return _to_bool("", value) == noop
+            return to_bool("", value) == noop
         return _to_float("", value) == noop
     except InvalidRequestError:
         return False
