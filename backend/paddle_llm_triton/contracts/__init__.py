@@ -2,4 +2,5 @@
 
 - vllm.py: Triton's vLLM backend (model `llm`): the `sampling_parameters` JSON object.
 - trtllm.py: Triton's TensorRT-LLM ensemble (model `ensemble`): one input tensor per parameter.
+- guided.py: the guided-decoding inputs of both, -> GuideSpec; values.py: JSON value conversion.
 """
