@@ -34,6 +34,7 @@ described there (token ids in, TensorRT-LLM logprob outputs, a failure of a star
 `error` output because Triton 2.51's BLS iterator loses error responses that follow data
 responses); this model turns that output into a Triton error for the client.
 Errors keep Triton's ensemble wording: "in ensemble '<name>', <message of the step>".
+The state of a request in flight and the response helpers are in ensemble_requests.py.
 """
 
 from __future__ import annotations
@@ -42,11 +43,12 @@ import logging
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from paddle_llm_triton import ensemble_protocol as protocol
+from paddle_llm_triton.ensemble_requests import (ClientRequest, Flight, Row, StepError, as_text, batch_row,
+                                                 bls_error_code, ensemble_response)
 from paddle_llm_triton.errors import triton_code
 
 log = logging.getLogger(__name__)
@@ -83,80 +85,6 @@ def _pb():
     return pb_utils
 
 
-@dataclass
-class _Client:
-    """One client request: its response sender and the llm requests (flights) of its rows.
-
-    Every use of `sender` holds `lock`, and nothing touches it after the FINAL send (`done`): in
-    Triton 2.51, is_cancelled() on a sender whose final response is already out crashed
-    tritonserver (SIGSEGV in TRITONBACKEND_ResponseFactoryIsCancelled), and the watcher thread
-    polls while the row threads send. `remaining`: sequences (over all rows) whose last response
-    is not sent yet; the one that brings it to 0 is sent FINAL."""
-
-    client_id: str
-    sender: object
-    remaining: int = 1
-    cancelled: bool = False
-    done: bool = False
-    flights: list = field(default_factory=list)
-    live_flights: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def send(self, response=None, ends_sequence: bool = False, final: bool = False) -> bool:
-        """Send unless the final response is out; the response is FINAL when it ends the last
-        sequence (or `final`). False when nothing was sent."""
-        pb = _pb()
-        with self.lock:
-            if self.done:
-                return False
-            if ends_sequence:
-                self.remaining -= 1
-            final = final or self.remaining <= 0
-            self.done = final
-            self.sender.send(response, flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
-            return True
-
-    def poll_cancelled(self) -> bool:
-        """True the first time the client's cancellation is seen (never after the final send)."""
-        with self.lock:
-            if self.done or self.cancelled:
-                return False
-            self.cancelled = bool(self.sender.is_cancelled())
-            return self.cancelled
-
-
-@dataclass
-class _Flight:
-    """One llm request in flight (a row of a client request)."""
-
-    client: _Client
-    inner_id: str
-    responses: object = None            # the BLS response iterator (cancel() on Triton >= 2.57)
-    ended: bool = False
-    stop_sent_at: float | None = None   # last stop / cancel sent to llm
-    first_stop_at: float | None = None
-    gave_up: bool = False
-
-
-@dataclass
-class _Row:
-    """What preprocessing made of one row, and what the client asked for it."""
-
-    index: int
-    pre: dict                 # PRE_OUTPUTS -> numpy
-    text: np.ndarray          # the row's text_input
-    n: int                    # num_return_sequences
-    perf: bool
-    num_input_tokens: bool
-    num_output_tokens: bool
-
-
-class _StepError(Exception):
-    def __init__(self, message: str, code):
-        super().__init__(message)
-        self.code = code
-
-
 class EnsemblePipeline:
     def __init__(self, name: str = "ensemble", preprocessing: str = "preprocessing", llm: str = "llm",
                  postprocessing: str = "postprocessing", poll_s: float = 0.1, retry_s: float = 1.0,
@@ -164,7 +92,7 @@ class EnsemblePipeline:
         self.name = name
         self.pre_model, self.llm_model, self.post_model = preprocessing, llm, postprocessing
         self.poll_s, self.retry_s, self.give_up_s = poll_s, retry_s, give_up_s
-        self._flights: dict[str, _Flight] = {}
+        self._flights: dict[str, Flight] = {}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="ensemble-cancel-watcher", daemon=True)
@@ -193,7 +121,7 @@ class EnsemblePipeline:
                 self._client_stop(request, sender)
                 return
             self._generate(request, sender)
-        except _StepError as e:
+        except StepError as e:
             self._send_error(sender, str(e), e.code)
         except Exception as e:  # a bug here must still end the client's request
             log.exception("ensemble request failed")
@@ -204,11 +132,11 @@ class EnsemblePipeline:
         tensors = {t.name(): t.as_numpy() for t in request.inputs()}
         self._reject_unsupported(tensors)
         batch = tensors["text_input"].shape[0] if tensors["text_input"].ndim >= 2 else 1
-        rows = [self._preprocess(b, {k: _row(v, b, batch) for k, v in tensors.items()}) for b in range(batch)]
-        client = _Client(request.request_id(), sender, remaining=sum(r.n for r in rows))
+        rows = [self._preprocess(b, {k: batch_row(v, b, batch) for k, v in tensors.items()}) for b in range(batch)]
+        client = ClientRequest(request.request_id(), sender, remaining=sum(r.n for r in rows))
         flights = []
         for r in rows:
-            f = _Flight(client, uuid.uuid4().hex)
+            f = Flight(client, uuid.uuid4().hex)
             flights.append((f, r))
         client.flights = [f for f, _ in flights]
         client.live_flights = len(flights)
@@ -233,9 +161,9 @@ class EnsemblePipeline:
                 continue  # return_context_logits / return_generation_logits false: nothing asked
             if arr.dtype == np.object_ and all(v in (b"", "") for v in arr.reshape(-1)):
                 continue
-            raise _StepError(f"{name}: {why}", pb.TritonError.INVALID_ARG)
+            raise StepError(f"{name}: {why}", pb.TritonError.INVALID_ARG)
 
-    def _preprocess(self, index: int, row: dict) -> _Row:
+    def _preprocess(self, index: int, row: dict) -> Row:
         pb = _pb()
         inputs = [pb.Tensor(n, v) for n, v in row.items() if n in PRE_INPUTS]
         pre = self._exec(pb.InferenceRequest(model_name=self.pre_model, inputs=inputs,
@@ -246,11 +174,11 @@ class EnsemblePipeline:
             v = row.get(name)
             return v is not None and bool(v.reshape(-1)[0])
 
-        return _Row(index, {k: pb.get_output_tensor_by_name(pre, k).as_numpy() for k in PRE_OUTPUTS},
+        return Row(index, {k: pb.get_output_tensor_by_name(pre, k).as_numpy() for k in PRE_OUTPUTS},
                     row["text_input"], 1 if n is None else int(n.reshape(-1)[0]), flag("return_perf_metrics"),
                     flag("return_num_input_tokens"), flag("return_num_output_tokens"))
 
-    def _llm_request(self, f: _Flight, r: _Row):
+    def _llm_request(self, f: Flight, r: Row):
         pb = _pb()
         pre = r.pre
         inputs = [pb.Tensor(protocol.ENSEMBLE_STEP, np.array([True])),
@@ -272,7 +200,7 @@ class EnsemblePipeline:
         return pb.InferenceRequest(model_name=self.llm_model, request_id=f.inner_id, inputs=inputs,
                                    requested_output_names=list(protocol.LLM_OUTPUTS))
 
-    def _stream_row(self, f: _Flight, r: _Row, batched: bool) -> None:
+    def _stream_row(self, f: Flight, r: Row, batched: bool) -> None:
         """Relay one row's llm responses to the client (on its own thread for rows after the first)."""
         pb = _pb()
         client = f.client
@@ -285,7 +213,7 @@ class EnsemblePipeline:
                     # an error is the last response of the llm request (2.51's iterator does not
                     # always end after it: do not wait for more)
                     err = resp.error()
-                    self._fail(client, err.message(), _code(err))
+                    self._fail(client, err.message(), bls_error_code(err))
                     break
                 if client.cancelled or client.done:
                     continue  # nobody is listening any more: drain to the end of the inner stream
@@ -297,13 +225,13 @@ class EnsemblePipeline:
                 if out["text_output"] is None:
                     continue  # an empty final response
                 reason = out["finish_reason"]
-                reason = "" if reason is None else _text(reason.as_numpy().reshape(-1)[0])
+                reason = "" if reason is None else as_text(reason.as_numpy().reshape(-1)[0])
                 try:
                     tensors = self._post(out) + self._extra_outputs(r, out, batched)
-                except _StepError as e:
+                except StepError as e:
                     self._fail(client, str(e), e.code)
                     continue
-                client.send(_response(tensors, reason), ends_sequence=reason != "")
+                client.send(ensemble_response(tensors, reason), ends_sequence=reason != "")
         except Exception as e:  # the inner stream broke: end the client's request with the reason
             log.exception("%s: llm request %s failed", self.name, f.inner_id)
             try:
@@ -327,7 +255,7 @@ class EnsemblePipeline:
                          "first stop", self.name, client.client_id, f.inner_id,
                          time.monotonic() - (f.first_stop_at or time.monotonic()))
 
-    def _extra_outputs(self, r: _Row, out: dict, batched: bool) -> list:
+    def _extra_outputs(self, r: Row, out: dict, batched: bool) -> list:
         """TensorRT-LLM's optional outputs, each [1, 1]: batch_index (B > 1), sequence_index (n > 1),
         num_input_tokens / num_output_tokens and the perf metrics when asked."""
         pb = _pb()
@@ -359,7 +287,7 @@ class EnsemblePipeline:
             inputs=[pb.Tensor("TEXT_DELTA", text), pb.Tensor("OUTPUT_LOG_PROBS", lps), pb.Tensor("CUM_LOG_PROB", cum)]))
         return [pb.Tensor(n, pb.get_output_tensor_by_name(resp, n).as_numpy()) for n in POST_OUTPUTS]
 
-    def _fail(self, client: _Client, message: str, code) -> None:
+    def _fail(self, client: ClientRequest, message: str, code) -> None:
         """End the client's request with an error and stop its other rows."""
         pb = _pb()
         if client.send(pb.InferenceResponse(error=pb.TritonError(self._error_text(message), code)), final=True):
@@ -372,7 +300,7 @@ class EnsemblePipeline:
         pb = _pb()
         cid = request.request_id()
         if not cid:
-            raise _StepError("stop: a stop request needs the request id of the request to stop "
+            raise StepError("stop: a stop request needs the request id of the request to stop "
                              "(send it with the same request id)", pb.TritonError.INVALID_ARG)
         with self._lock:
             targets = [f for f in self._flights.values() if f.client.client_id == cid]
@@ -380,7 +308,7 @@ class EnsemblePipeline:
             f.stop_sent_at = f.stop_sent_at or time.monotonic()
             self._send_stop(f.inner_id)
         log.info("%s: stop request for id %r: %d request(s) stopped", self.name, cid, len(targets))
-        sender.send(_response([
+        sender.send(ensemble_response([
             pb.Tensor("text_output", np.array([b""], dtype=np.object_)),
             pb.Tensor("cum_log_probs", np.zeros(1, np.float32)),
             pb.Tensor("output_log_probs", np.zeros(0, np.float32))]),
@@ -416,7 +344,7 @@ class EnsemblePipeline:
                 except Exception:
                     log.exception("cancellation retry failed")
 
-    def _stop_flight(self, f: _Flight) -> None:
+    def _stop_flight(self, f: Flight) -> None:
         """Stop one llm request: cancel() on its BLS response iterator where this Triton has it
         (>= 2.57: llm sees is_cancelled() and aborts), else a `stop` request with its id."""
         now = time.monotonic()
@@ -447,7 +375,7 @@ class EnsemblePipeline:
         resp = req.exec()
         if resp.has_error():
             err = resp.error()
-            raise _StepError(err.message(), _code(err))
+            raise StepError(err.message(), bls_error_code(err))
         return resp
 
     def _error_text(self, message: str) -> str:
@@ -462,46 +390,3 @@ class EnsemblePipeline:
                         flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         except Exception:
             log.warning("could not send the error of a request (client gone?): %s", msg)
-
-
-def _row(arr: np.ndarray, b: int, batch: int) -> np.ndarray:
-    """Row b of a batched input ([B, ...] -> [1, ...]); an input without that batch dim as is."""
-    return arr[b:b + 1] if batch > 1 and arr.ndim >= 1 and arr.shape[0] == batch else arr
-
-
-def _text(v) -> str:
-    return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
-
-
-def _code(err):
-    """The TritonError code of a BLS error (INTERNAL when the stub does not expose it)."""
-    pb = _pb()
-    try:
-        return err.code()
-    except Exception:
-        return pb.TritonError.INTERNAL
-
-
-# Response parameters a Triton ensemble attaches to every response (HTTP generate shows them as JSON
-# fields); sent too so that the JSON clients see stays the same. The response that ends a sequence
-# also names its finish_reason (stop / length / abort), which TensorRT-LLM's tensors do not carry.
-# Python backends before 2.55 have no response parameters: then none are sent.
-_SEQUENCE_PARAMETERS = {"sequence_id": 0, "sequence_start": False, "sequence_end": False}
-_parameters_supported: bool | None = None
-
-
-def _response(tensors: list, finish_reason: str = ""):
-    global _parameters_supported
-    pb = _pb()
-    if _parameters_supported is not False:
-        params = dict(_SEQUENCE_PARAMETERS)
-        if finish_reason:
-            params["finish_reason"] = finish_reason
-        try:
-            r = pb.InferenceResponse(output_tensors=tensors, parameters=params)
-            _parameters_supported = True
-            return r
-        except TypeError:
-            _parameters_supported = False
-            log.info("this Python backend has no response parameters; sequence_* / finish_reason not sent")
-    return pb.InferenceResponse(output_tensors=tensors)

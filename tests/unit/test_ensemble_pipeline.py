@@ -34,7 +34,7 @@ def install(monkeypatch, newer: bool, gate: threading.Event | None = None):
     copies. With `gate`, llm waits for it before its second part (cancellation tests)."""
     pb = pb_standin.make(newer)
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", pb)
-    monkeypatch.setattr(ep, "_parameters_supported", None)
+    monkeypatch.setattr("paddle_llm_triton.ensemble_requests._parameters_supported", None)
     pb.stops = []
 
     def preprocessing(req):
