@@ -229,7 +229,10 @@ class EngineConfig:
         per block for bfloat16 / float16 under float32).
     kernels: "auto" (each optional fused kernel where the platform layer finds the place can run
         it), "composed" (plain Paddle ops only), or a ';'-separated list of kernels to require
-        (e.g. "fused_rms_norm"; refused at start where the place cannot run one).
+        (e.g. "cpu_kernels;fused_rms_norm"; refused at start where the place cannot run one).
+    quantization: "" (weights in dtype) or "wint8": weight-only int8, per-output-channel symmetric
+        with fp32 scales, quantized at load (CPU: the C++ int8 GEMV; a device: the plug-in's
+        weight_only_linear, refused where it is not registered).
     tensor_parallel_size: N > 1 shards the model over N worker processes, one per device
         (device_id .. device_id + N - 1; on CPU the ids only label the ranks); the engine, scheduler
         and sampler stay in this process (paddle_llm_engine/tp). KV budgets are per rank.
@@ -251,6 +254,7 @@ class EngineConfig:
     dtype: str = "auto"
     kv_cache_dtype: str = "auto"
     kernels: str = "auto"
+    quantization: str = ""
     tensor_parallel_size: int = 1
 
     def validate(self, model: ModelConfig) -> None:
@@ -277,6 +281,8 @@ class EngineConfig:
             raise ValueError(f"max_waiting_requests must be > 0, got {self.max_waiting_requests}")
         if self.num_kv_blocks < 0 or self.kv_cache_memory_bytes <= 0:
             raise ValueError("num_kv_blocks must be >= 0 and kv_cache_memory_bytes > 0")
+        if self.quantization not in ("", "wint8"):
+            raise ValueError(f"quantization must be empty or wint8; got {self.quantization!r}")
         for name in ("dtype", "kv_cache_dtype"):
             value = getattr(self, name)
             if value not in ("auto", "float32", "bfloat16", "float16"):

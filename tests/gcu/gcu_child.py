@@ -3,7 +3,7 @@
 Everything that loads the stand-in plug-in runs in such a child (tests/gcu/conftest.py `run_child`),
 never in the pytest process: once loaded, gcu:0 becomes Paddle's default device for every later
 test. The child runs one action, prints one line `GCU_CHILD_RESULT <json>` and leaves with
-os._exit (no interpreter teardown: the plug-in's process once hung at exit, DESIGN 5b).
+os._exit (no interpreter teardown: a process with the plug-in loaded once hung in glibc free at exit).
 
 Actions (spec["action"]):
 - probe: the plug-in as Paddle sees it (device types, devices, properties, round trips, memory).
@@ -62,7 +62,7 @@ def probe(spec: dict) -> dict:
     try:
         paddle.device.get_device_properties("gcu:0")
         out["public_properties_api"] = "works"
-    except Exception as e:  # Paddle 3.3 refuses custom devices here (DESIGN 5b)
+    except Exception as e:  # Paddle 3.3 refuses custom devices here
         out["public_properties_api"] = f"{type(e).__name__}: {e}"
     rng = np.random.default_rng(0)
     x = rng.standard_normal((37, 53)).astype(np.float32)

@@ -135,8 +135,11 @@ def test_mixed_prefill_and_decode(family, kernels):
     """With the kernels this host chose, and with the composed ones an AVX2-only host runs."""
     name, model_dir, ref = family
     engine = make_engine(model_dir, kernels=kernels)
+    plan = engine.runner.plan
     assert dict(engine.runner.ops.names)["rms_norm"] == (
-        "fused" if engine.runner.plan.kernels["fused_rms_norm"] else "composed")
+        f"cpu_{plan.cpu_isa}" if plan.cpu_isa else "fused" if plan.kernels["fused_rms_norm"] else "composed")
+    if kernels == "composed":
+        assert plan.cpu_isa is None and not plan.kernels["fused_rms_norm"]
     tokens, rows = {}, {}
     n_new = ref["output_ids"].shape[1]
     for i in (0, 2):

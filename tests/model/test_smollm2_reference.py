@@ -36,6 +36,7 @@ import numpy as np
 import pytest
 
 from paddle_llm_engine import EngineConfig, LLMEngine, SamplingParams
+from paddle_llm_engine.platforms import host_cpu
 
 FIXTURE = Path(__file__).resolve().parents[1] / "reference" / "fixtures" / "smollm2_greedy.npz"
 LOGIT_ATOL = 1e-3
@@ -181,13 +182,21 @@ def test_greedy_matches_hf_with_mixed_prefill_and_decode(ref, engine):
     check_against_reference(ref, col)
 
 
-@pytest.mark.parametrize("kernels", ["auto", "composed"])
+# "auto": what this host chose (the C++ CPU kernels where built); "composed": Paddle's plain ops, the
+# fallback of every host; "fused_rms_norm": Paddle's fused RMSNorm alone, only where the CPU can run it.
+KERNEL_SETTINGS = ["auto", "composed"] + (["fused_rms_norm"] if host_cpu().has("avx512f") else [])
+
+
+@pytest.mark.parametrize("kernels", KERNEL_SETTINGS)
 def test_greedy_matches_hf_with_chunked_prefill(ref, smollm2_dir, kernels):
-    """kernels "composed" is the path an AVX2-only host runs (no fused RMSNorm): checked against HF on
-    every host; "auto" is what this host chose."""
     eng = make_engine(smollm2_dir, max_num_batched_tokens=64, max_num_seqs=8, kernels=kernels)
+    names = dict(eng.runner.ops.names)
     if kernels == "composed":
-        assert dict(eng.runner.ops.names)["rms_norm"] == "composed"
+        assert names["rms_norm"] == "composed" and names["linear"] == "composed"
+    elif kernels == "fused_rms_norm":
+        assert names["rms_norm"] == "fused" and names["linear"] == "composed"
+    elif eng.runner.plan.cpu_isa:
+        assert names["linear"] == f"cpu_gemv_{eng.runner.plan.cpu_isa}"
     col = Collector()
     for i, p in enumerate(ref["prompts"]):
         eng.add_request(f"p{i}", p, greedy(24))

@@ -40,10 +40,12 @@ CPU_REGISTRY["index_select"] += [("CPU", "bfloat16")]
 
 
 def facts(cpuinfo: str, device: str = "cpu", registry: dict | None = None, fallback: bool = True,
-          description: str = "", custom_ops=()) -> PlaceFacts:
+          description: str = "", custom_ops=(), cpu_kernels_built: bool = False) -> PlaceFacts:
     return PlaceFacts(device=device, cpu=parse_cpuinfo(cpuinfo),
                       registry=KernelRegistry(registry or CPU_REGISTRY, custom_ops=set(custom_ops)),
-                      kernel_fallback=fallback, paddle_version="3.3.1", device_description=description)
+                      kernel_fallback=fallback, paddle_version="3.3.1", device_description=description,
+                      cpu_kernels_built=cpu_kernels_built,
+                      cpu_kernels_detail="built" if cpu_kernels_built else "the C++ CPU kernels are not built")
 
 
 class Verifier:
@@ -70,7 +72,7 @@ def test_parse_cpuinfo_reads_model_and_flags():
 def test_avx2_only_cpu_never_runs_the_fused_rms_norm():
     v = Verifier()
     plan = decide(facts(EPYC_AVX2), verify=v)
-    assert plan.kernels == {"fused_rms_norm": False, "fused_moe": False}
+    assert plan.kernels == {"cpu_kernels": False, "fused_rms_norm": False, "fused_moe": False}
     assert v.calls == []  # not even tried in a child: the flags already say no
     assert "fused_rms_norm: off, CPU lacks avx512f" in "\n".join(plan.decisions)
     assert (plan.dtype, plan.kv_cache_dtype) == ("float32", "float32")
@@ -79,7 +81,7 @@ def test_avx2_only_cpu_never_runs_the_fused_rms_norm():
 def test_avx512_cpu_uses_it_after_the_child_check():
     v = Verifier()
     plan = decide(facts(XEON_AVX512), verify=v)
-    assert plan.kernels == {"fused_rms_norm": True, "fused_moe": False}
+    assert plan.kernels == {"cpu_kernels": False, "fused_rms_norm": True, "fused_moe": False}
     assert v.calls == ["fused_rms_norm_cpu"]
     assert any(d.startswith("fused_rms_norm: on, CPU has avx512f; verified in a child process") for d in plan.decisions)
 
@@ -87,23 +89,23 @@ def test_avx512_cpu_uses_it_after_the_child_check():
 def test_avx512_cpu_whose_child_check_dies_keeps_the_composed_path():
     v = Verifier(ChildVerdict(False, "the check process died with SIGILL"))
     plan = decide(facts(XEON_AVX512), verify=v)
-    assert plan.kernels == {"fused_rms_norm": False, "fused_moe": False}
+    assert plan.kernels == {"cpu_kernels": False, "fused_rms_norm": False, "fused_moe": False}
     assert "fused_rms_norm: off, verification in a child process failed: the check process died with SIGILL" \
         in plan.decisions
 
 
 def test_old_cpu_and_missing_kernel():
-    assert decide(facts(OLD_SSE_ONLY), verify=Verifier()).kernels == {"fused_rms_norm": False, "fused_moe": False}
+    assert decide(facts(OLD_SSE_ONLY), verify=Verifier()).kernels == {"cpu_kernels": False, "fused_rms_norm": False, "fused_moe": False}
     reg = {k: v for k, v in CPU_REGISTRY.items() if k != "fused_rms_norm_quant"}
     plan = decide(facts(XEON_AVX512, registry=reg), verify=Verifier())
-    assert plan.kernels == {"fused_rms_norm": False, "fused_moe": False}
+    assert plan.kernels == {"cpu_kernels": False, "fused_rms_norm": False, "fused_moe": False}
     assert "fused_rms_norm: off, Paddle has no CPU fused_rms_norm_quant kernel for float32" in plan.decisions
 
 
 def test_operator_forces_the_composed_path():
     v = Verifier()
     plan = decide(facts(XEON_AVX512), kernels="composed", verify=v)
-    assert plan.kernels == {"fused_rms_norm": False, "fused_moe": False} and v.calls == []
+    assert plan.kernels == {"cpu_kernels": False, "fused_rms_norm": False, "fused_moe": False} and v.calls == []
     assert "fused_rms_norm: off, kernels set to composed by the operator" in plan.decisions
 
 
@@ -119,7 +121,7 @@ def test_forced_kernel_the_host_cannot_run_is_refused():
 def test_unknown_kernel_names_are_refused(bad):
     with pytest.raises(ValueError) as ei:
         decide(facts(XEON_AVX512), kernels=bad, verify=Verifier())
-    assert "kernels must be 'auto', 'composed' or a ';'-separated list of fused_rms_norm" in str(ei.value)
+    assert "kernels must be 'auto', 'composed' or a ';'-separated list of cpu_kernels, fused_rms_norm, fused_moe" in str(ei.value)
 
 
 def test_cpu_dtypes():
@@ -169,7 +171,7 @@ def test_gcu_plugin_with_bf16_kernels_serves_bf16():
     plan = decide(f, verify=Verifier())
     assert (plan.dtype, plan.kv_cache_dtype) == ("bfloat16", "bfloat16")
     # the plug-in's kernels, whatever the host CPU lacks
-    assert plan.kernels == {"fused_rms_norm": True, "fused_moe": True}
+    assert plan.kernels == {"cpu_kernels": False, "fused_rms_norm": True, "fused_moe": True}
     assert plan.flags == {}
     assert plan.decisions[0] == "device: gcu:1 through paddle-custom-gcu 3.3.0"
     assert decide(f, dtype="float32", verify=Verifier()).dtype == "float32"
@@ -183,7 +185,7 @@ def test_standin_plugin_without_kernels_gets_fp32_through_the_fallback():
     assert plan.dtype == "float32"
     assert plan.flags == {"FLAGS_use_stride_kernel": False}
     # never the host's AVX-512 kernel
-    assert plan.kernels == {"fused_rms_norm": False, "fused_moe": False} and v.calls == []
+    assert plan.kernels == {"cpu_kernels": False, "fused_rms_norm": False, "fused_moe": False} and v.calls == []
     text = "\n".join(plan.decisions)
     assert "TEST STAND-IN" in text
     assert f"float32 runs {len(COMPUTE_OPS)} of {len(COMPUTE_OPS)} ops through Paddle's CPU kernel fallback" in text
@@ -203,7 +205,7 @@ def test_fused_moe_is_off_on_the_cpu_and_forcing_it_is_refused():
     with pytest.raises(PlatformError, match="kernels lists fused_moe, which cpu cannot run: Paddle has no fused MoE"):
         decide(facts(XEON_AVX512), kernels="fused_moe", verify=v)
     assert decide(facts(XEON_AVX512), kernels="fused_rms_norm", verify=v).kernels == {
-        "fused_rms_norm": True, "fused_moe": False}
+        "cpu_kernels": False, "fused_rms_norm": True, "fused_moe": False}
 
 
 def test_fused_moe_on_a_gcu_follows_the_plugin_ops():
@@ -219,7 +221,7 @@ def test_fused_moe_on_a_gcu_follows_the_plugin_ops():
                                             "registers no fused_moe_kernel_gcu"):
         decide(only_align, kernels="fused_moe", verify=Verifier())
     composed = decide(facts(EPYC_AVX2, "gcu:0", reg, custom_ops=FUSED_MOE_OPS), kernels="composed", verify=Verifier())
-    assert composed.kernels == {"fused_rms_norm": False, "fused_moe": False}
+    assert composed.kernels == {"cpu_kernels": False, "fused_rms_norm": False, "fused_moe": False}
     assert "fused_moe: off, kernels set to composed by the operator" in composed.decisions
 
 
@@ -233,16 +235,71 @@ def test_opset_follows_the_fused_moe_decision():
     assert fused.moe_experts is FUSED_GCU_MOE and dict(fused.names)["moe_experts"] == "fused_gcu"
 
 
+@pytest.mark.parametrize("cpuinfo, isa", [(EPYC_AVX2, "avx2_fma"), (XEON_AVX512, "avx2_fma"),
+                                           (OLD_SSE_ONLY, "generic")])
+def test_cpu_kernels_isa_follows_the_flags(cpuinfo, isa):
+    v = Verifier()
+    plan = decide(facts(cpuinfo, cpu_kernels_built=True), verify=v)
+    assert plan.kernels["cpu_kernels"] is True and plan.cpu_isa == isa
+    # their own RMSNorm replaces Paddle's fused one: no child check is run for it
+    assert plan.kernels["fused_rms_norm"] is False and v.calls == []
+    assert "fused_rms_norm: off, the C++ CPU kernels' RMSNorm runs instead" in plan.decisions
+    want = ("cpu_kernels: on, AVX2+FMA path, the CPU has avx2 and fma" if isa == "avx2_fma"
+            else "cpu_kernels: on, portable path, the CPU lacks avx2, fma")
+    assert want in plan.decisions
+
+
+def test_cpu_kernels_off_where_they_cannot_serve():
+    assert decide(facts(EPYC_AVX2), verify=Verifier()).cpu_isa is None
+    assert ("cpu_kernels: off, not available: the C++ CPU kernels are not built"
+            in decide(facts(EPYC_AVX2), verify=Verifier()).decisions)
+    bf = decide(facts(EPYC_AVX2, cpu_kernels_built=True), kv_cache_dtype="bfloat16", verify=Verifier())
+    assert bf.cpu_isa is None and ("cpu_kernels: off, they need float32 compute and a float32 KV cache "
+                                   "(dtype float32, kv_cache_dtype bfloat16)") in bf.decisions
+    gcu = decide(facts(EPYC_AVX2, "gcu:0", _gcu_registry(True, True, True), cpu_kernels_built=True), verify=Verifier())
+    assert gcu.cpu_isa is None and gcu.kernels["cpu_kernels"] is False
+    composed = decide(facts(EPYC_AVX2, cpu_kernels_built=True), kernels="composed", verify=Verifier())
+    assert composed.cpu_isa is None
+    with pytest.raises(PlatformError, match="kernels lists cpu_kernels, which cpu cannot run: not available"):
+        decide(facts(EPYC_AVX2), kernels="cpu_kernels", verify=Verifier())
+
+
+def test_wint8_decisions():
+    on = decide(facts(EPYC_AVX2, cpu_kernels_built=True), quantization="wint8", verify=Verifier())
+    assert on.quantization == "wint8" and on.cpu_isa == "avx2_fma"
+    assert on.decisions[-1] == ("quantization wint8: per-output-channel symmetric int8 weights with fp32 scales, "
+                                "C++ int8 GEMV (avx2_fma)")
+    with pytest.raises(PlatformError, match=r"quantization wint8 on the CPU runs on the C\+\+ int8 GEMV, but the C\+\+ "
+                                            r"CPU kernels are off \(set to composed by the operator\)"):
+        decide(facts(EPYC_AVX2, cpu_kernels_built=True), kernels="composed", quantization="wint8", verify=Verifier())
+    with pytest.raises(PlatformError, match="quantization wint8 is not supported on gcu:0: the gcu plug-in registers "
+                                            "no weight_only_linear kernel for float32"):
+        decide(facts(XEON_AVX512, "gcu:0", _gcu_registry(False, False, False)), quantization="wint8", verify=Verifier())
+    reg = _gcu_registry(True, True, True)
+    reg["weight_only_linear"] = [("gcu", "bfloat16")]
+    assert decide(facts(EPYC_AVX2, "gcu:0", reg), quantization="wint8", verify=Verifier()).quantization == "wint8"
+    with pytest.raises(ValueError, match="quantization must be empty or wint8"):
+        decide(facts(EPYC_AVX2), quantization="int4", verify=Verifier())
+
+
 def test_this_host_plan_follows_its_cpu_flags(caplog):
+    from paddle_llm_ops import cpu_kernels
+
     cpu = cpu_features.host_cpu()
     with caplog.at_level(logging.INFO, logger="paddle_llm_engine.platforms.plan"):
         plan = plan_for_device("cpu")
+        composed = plan_for_device("cpu", kernels="composed")
+        rms_only = plan_for_device("cpu", kernels="fused_rms_norm") if cpu.has("avx512f") else None
     assert plan.dtype == "float32"
+    assert cpu_kernels.available(), "set-up builds the C++ CPU kernels"
+    assert plan.kernels["cpu_kernels"] is True
+    assert plan.cpu_isa == ("avx2_fma" if cpu.has("avx2", "fma") else "generic")
+    assert composed.kernels == {"cpu_kernels": False, "fused_rms_norm": False, "fused_moe": False}
     if not cpu.has("avx512f"):
-        assert plan.kernels["fused_rms_norm"] is False
-        assert "fused_rms_norm: off, CPU lacks avx512f" in caplog.text
+        with pytest.raises(PlatformError, match="CPU lacks avx512f"):
+            plan_for_device("cpu", kernels="fused_rms_norm")
     else:
-        assert plan.kernels["fused_rms_norm"] is True, caplog.text
+        assert rms_only.kernels["fused_rms_norm"] is True, caplog.text
         assert "fused_rms_norm: on, CPU has avx512f" in caplog.text
 
 
@@ -264,9 +321,10 @@ def test_child_check_catches_a_killing_kernel_and_caches(monkeypatch, tmp_path):
     assert not child_check.verify_in_child("sigill", "3.3.1", "cpu", {"avx2"}).ok  # cached for 3.3.1
 
 
-def test_engine_on_a_simulated_avx2_host_runs_composed_and_logs_why(tiny_model_dir, monkeypatch, caplog):
-    """The engine with this host's flags replaced by the EPYC's: the composed RMSNorm is chosen before any
-    op runs, and the greedy tokens equal those of an engine with the kernels this host can run."""
+def test_engine_on_simulated_hosts_picks_kernels_from_flags_and_logs_why(tiny_model_dir, monkeypatch, caplog):
+    """The engine with this host's flags replaced by the EPYC's (AVX2, no AVX-512): the C++ kernels'
+    AVX2 path, or without them the composed RMSNorm, chosen before any op runs; with an SSE-only CPU's
+    flags the kernels' portable path. Greedy tokens equal those of an engine with this host's choice."""
     from paddle_llm_engine import SamplingParams
 
     kw = dict(model_dir=tiny_model_dir, device="cpu", num_kv_blocks=16, block_size=16, max_model_len=128)
@@ -283,11 +341,34 @@ def test_engine_on_a_simulated_avx2_host_runs_composed_and_logs_why(tiny_model_d
         return toks
 
     native = LLMEngine(EngineConfig(**kw))
+    want = run(native)
     monkeypatch.setattr(cpu_features, "host_cpu", lambda: parse_cpuinfo(EPYC_AVX2))
     with caplog.at_level(logging.INFO, logger="paddle_llm_engine.platforms.plan"):
         simulated = LLMEngine(EngineConfig(**kw))
+    assert "platform cpu: cpu_kernels: on, AVX2+FMA path, the CPU has avx2 and fma" in caplog.text
+    assert "platform cpu: fused_rms_norm: off, the C++ CPU kernels' RMSNorm runs instead" in caplog.text
+    assert dict(simulated.runner.ops.names)["rms_norm"] == "cpu_avx2_fma"
+    assert run(simulated) == want
+    # the same host where the C++ kernels are not built: Paddle's composed ops, never its AVX-512 kernel
+    from paddle_llm_ops import cpu_kernels
+
+    def not_built():
+        raise cpu_kernels.KernelsNotBuiltError("not built in this test")
+
+    monkeypatch.setattr(cpu_kernels, "load", not_built)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="paddle_llm_engine.platforms.plan"):
+        bare = LLMEngine(EngineConfig(**kw))
     assert "platform cpu: fused_rms_norm: off, CPU lacks avx512f" in caplog.text
-    assert dict(simulated.runner.ops.names)["rms_norm"] == "composed"
-    assert run(simulated) == run(native)
+    assert "platform cpu: cpu_kernels: off, not available: not built in this test" in caplog.text
+    assert dict(bare.runner.ops.names)["rms_norm"] == "composed"
+    assert run(bare) == want
+    # an old CPU without AVX2: the kernels' portable path
+    monkeypatch.undo()
+    monkeypatch.setattr(cpu_features, "host_cpu", lambda: parse_cpuinfo(OLD_SSE_ONLY))
+    generic = LLMEngine(EngineConfig(**kw))
+    assert dict(generic.runner.ops.names)["linear"] == "cpu_gemv_generic"
+    assert run(generic) == want
+    monkeypatch.setattr(cpu_features, "host_cpu", lambda: parse_cpuinfo(EPYC_AVX2))
     with pytest.raises(PlatformError, match="kernels lists fused_rms_norm, which cpu cannot run: CPU lacks avx512f"):
         LLMEngine(EngineConfig(**kw, kernels="fused_rms_norm"))

@@ -1,4 +1,4 @@
-"""Case C8: a paddle / paddle-custom-gcu mismatch (or a missing or unloadable plug-in) is refused at
+"""A paddle / paddle-custom-gcu mismatch (or a missing or unloadable plug-in) is refused at
 start-up with one clear PlatformError naming the versions found and supported, never an obscure
 error from deep inside the plug-in; `device: auto` picks the CPU on this host (no plug-in)."""
 

@@ -25,4 +25,8 @@ class AttentionMetadata:
     num_decodes: int = 0
     decode_slots: paddle.Tensor | None = None   # [num_decodes, L] int64
     decode_mask: paddle.Tensor | None = None    # [1, num_decodes, 1, L] fp32 additive
+    # The same decodes as block tables, for kernels that read the cache's blocks directly
+    # (OpSet.decode_metadata "block_tables"); the runner fills one form or the other.
+    decode_block_tables: paddle.Tensor | None = None  # [num_decodes, max_blocks] int32
+    decode_context_lens: paddle.Tensor | None = None  # [num_decodes] int32 keys each decode sees
     prefills: list[PrefillChunk] = field(default_factory=list)

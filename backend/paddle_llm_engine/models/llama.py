@@ -20,7 +20,7 @@ from paddle_llm_engine.config import ModelConfig
 from paddle_llm_engine.models.arch import DecoderArch
 from paddle_llm_engine.models.attention_metadata import AttentionMetadata
 from paddle_llm_engine.models.weights import CheckpointReader
-from paddle_llm_ops import COMPOSED, OpSet, RotaryTable, apply_rotary, interleaved_to_half_order
+from paddle_llm_ops import COMPOSED, OpSet, RotaryTable, interleaved_to_half_order
 
 
 def _tensor(a: np.ndarray | None, dtype: str) -> paddle.Tensor | None:
@@ -35,30 +35,31 @@ def _tensor(a: np.ndarray | None, dtype: str) -> paddle.Tensor | None:
 
 
 class DenseMLP:
-    """SwiGLU MLP: gate_up [H, 2I] (gate columns first), down [I, H], biases [2I] / [H] or None;
-    read from `<prefix>{gate,up,down}_proj.{weight,bias}` (I: the tensors' own width)."""
+    """SwiGLU MLP: gate_up [H] -> [2I] (gate columns first), down [I] -> [H], with biases where the
+    arch has them; read from `<prefix>{gate,up,down}_proj.{weight,bias}` (I: the tensors' own width)
+    and stored as the OpSet's linears (ops.make_linear)."""
 
-    def __init__(self, r: CheckpointReader, prefix: str, bias: bool, dtype: str):
+    def __init__(self, r: CheckpointReader, prefix: str, bias: bool, dtype: str, ops: OpSet = COMPOSED):
         m = prefix
-        self.gate_up = _tensor(np.concatenate([r.linear(m + "gate_proj.weight"), r.linear(m + "up_proj.weight")],
-                                              axis=1), dtype)
-        self.down = _tensor(r.linear(m + "down_proj.weight"), dtype)
-        self.gate_up_bias = self.down_bias = None
+        gate_up_bias = down_bias = None
         if bias:
-            self.gate_up_bias = _tensor(np.concatenate([r.get(m + "gate_proj.bias"), r.get(m + "up_proj.bias")]), dtype)
-            self.down_bias = _tensor(r.get(m + "down_proj.bias"), dtype)
+            gate_up_bias = np.concatenate([r.get(m + "gate_proj.bias"), r.get(m + "up_proj.bias")])
+            down_bias = r.get(m + "down_proj.bias")
+        self.gate_up = ops.make_linear(np.concatenate([r.linear(m + "gate_proj.weight"), r.linear(m + "up_proj.weight")],
+                                                      axis=1), gate_up_bias, dtype)
+        self.down = ops.make_linear(r.linear(m + "down_proj.weight"), down_bias, dtype)
 
     def __call__(self, x: paddle.Tensor) -> paddle.Tensor:
-        return _linear(F.swiglu(_linear(x, self.gate_up, self.gate_up_bias)), self.down, self.down_bias)
+        return self.down(F.swiglu(self.gate_up(x)))
 
 
 class LlamaLayer:
-    """Weights of one decoder block: qkv [H, (nh+2kvh)*d], o [nh*d, H]; biases (None when the arch
-    has none) qkv [(nh+2kvh)*d], o [H]; q_norm / k_norm [d] (qk_norm only); mlp: x [T, H] -> [T, H]
+    """Weights of one decoder block: qkv [H] -> [(nh+2kvh)*d] and o [nh*d] -> [H] as OpSet linears
+    (with biases where the arch has them); q_norm / k_norm [d] (qk_norm only); mlp: x [T, H] -> [T, H]
     (a DenseMLP unless the model gives another, e.g. a mixture of experts)."""
 
     def __init__(self, r: CheckpointReader, i: int, cfg: ModelConfig, arch: DecoderArch, dtype: str = "float32",
-                 mlp=None):
+                 mlp=None, ops: OpSet = COMPOSED):
         def _t(a):
             return _tensor(a, dtype)
 
@@ -77,20 +78,15 @@ class LlamaLayer:
 
         self.in_norm = _t(r.get(p + "input_layernorm.weight"))
         self.post_norm = _t(r.get(p + "post_attention_layernorm.weight"))
-        self.qkv = _t(np.ascontiguousarray(np.concatenate([proj(x, "weight") for x in "qkv"], axis=0).T))
-        self.qkv_bias = _t(np.concatenate([proj(x, "bias") for x in "qkv"])) if arch.qkv_bias else None
+        self.qkv = ops.make_linear(np.concatenate([proj(x, "weight") for x in "qkv"], axis=0).T,
+                                   np.concatenate([proj(x, "bias") for x in "qkv"]) if arch.qkv_bias else None, dtype)
         self.q_norm = self.k_norm = None
         if arch.qk_norm:
             self.q_norm = _t(heads_permuted(r.get(a + "q_norm.weight")))  # [d]: one "head"
             self.k_norm = _t(heads_permuted(r.get(a + "k_norm.weight")))
-        self.o = _t(r.linear(a + "o_proj.weight"))
-        self.o_bias = _t(r.get(a + "o_proj.bias")) if arch.o_bias else None
-        self.mlp = mlp if mlp is not None else DenseMLP(r, p + "mlp.", arch.mlp_bias, dtype)
-
-
-def _linear(x: paddle.Tensor, w: paddle.Tensor, b: paddle.Tensor | None) -> paddle.Tensor:
-    y = paddle.matmul(x, w)
-    return y if b is None else y + b
+        self.o = ops.make_linear(r.linear(a + "o_proj.weight"), r.get(a + "o_proj.bias") if arch.o_bias else None,
+                                 dtype)
+        self.mlp = mlp if mlp is not None else DenseMLP(r, p + "mlp.", arch.mlp_bias, dtype, ops)
 
 
 class LlamaForCausalLM:
@@ -135,11 +131,13 @@ class LlamaForCausalLM:
 
         self.embed = _t(r.get("model.embed_tokens.weight"))  # [V, H]
         self.norm = _t(r.get("model.norm.weight"))
-        self.layers = [LlamaLayer(r, i, cfg, self.arch, self.dtype, self.make_mlp(r, i))
+        self.layers = [LlamaLayer(r, i, cfg, self.arch, self.dtype, self.make_mlp(r, i), self.ops)
                        for i in range(cfg.num_hidden_layers)]
-        # Tied: the logits are h @ embed^T, read from the embedding itself (no second copy).
+        # Tied: the logits are h @ embed^T, read from the embedding itself (no second copy, except
+        # the int8 copy of wint8).
         self.tied = cfg.tie_word_embeddings
         self.lm_head = self.embed if self.tied else _t(r.get("lm_head.weight"))  # [V, H] either way
+        self.lm_head_op = self.ops.make_lm_head(self.lm_head)
         unused = [n for n in r.unread() if not n.endswith("rotary_emb.inv_freq")
                   and not (self.tied and n == "lm_head.weight")  # HF ignores a tied checkpoint's lm_head
                   and not any(x in n for x in self.IGNORED_TENSORS)]
@@ -169,34 +167,29 @@ class LlamaForCausalLM:
                 kv_caches: list[tuple[paddle.Tensor, paddle.Tensor]]) -> paddle.Tensor:
         eps = self.cfg.rms_norm_eps
         ops = self.ops
-        rms_norm = ops.rms_norm
         nh, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
-        t = input_ids.shape[0]
-        h = self.embed_tokens(input_ids)  # [T, H]
-        cos, sin = self.rotary.lookup(positions)
-        if self.dtype != "float32":
-            cos, sin = cos.astype(self.dtype), sin.astype(self.dtype)
+        h = self.embed_tokens(input_ids)  # [T, H]: the residual stream
+        rot = ops.rotary_inputs(self.rotary, positions, self.dtype)
+        # Each residual add is fused with the norm that follows it: `delta` is the output not yet
+        # added to h (the previous block's MLP; None before the first layer).
+        delta = None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
-            x = rms_norm(h, layer.in_norm, eps)
-            q, k, v = paddle.split(_linear(x, layer.qkv, layer.qkv_bias), [nh * d, kvh * d, kvh * d], axis=-1)
-            if layer.q_norm is not None:  # per head, over head_dim
-                q = rms_norm(q.reshape([t * nh, d]), layer.q_norm, eps)
-                k = rms_norm(k.reshape([t * kvh, d]), layer.k_norm, eps)
-            q = apply_rotary(q.reshape([t, nh, d]), cos, sin)
-            k = apply_rotary(k.reshape([t, kvh, d]), cos, sin)
-            v = v.reshape([t, kvh, d])
-            ops.write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+            if delta is None:
+                x = ops.rms_norm(h, layer.in_norm, eps)
+            else:
+                x, h = ops.add_rms_norm(delta, h, layer.in_norm, eps)
+            q = ops.qkv_rotary_write(layer.qkv(x), rot, k_cache, v_cache, meta.slot_mapping, nh, kvh, d,
+                                     layer.q_norm, layer.k_norm, eps)
             attn = self._attention(q, k_cache, v_cache, meta)
-            h = h + self.reduce_partial(_linear(attn, layer.o, layer.o_bias))
-            h = h + self.reduce_partial(layer.mlp(rms_norm(h, layer.post_norm, eps)))
-        return rms_norm(h, self.norm, eps)
+            x, h = ops.add_rms_norm(self.reduce_partial(layer.o(attn)), h, layer.post_norm, eps)
+            delta = self.reduce_partial(layer.mlp(x))
+        return ops.add_rms_norm(delta, h, self.norm, eps)[0]
 
     def _attention(self, q, k_cache, v_cache, meta: AttentionMetadata) -> paddle.Tensor:
         parts = []
         nd = meta.num_decodes
         if nd:
-            parts.append(self.ops.decode_attention(q[:nd], k_cache, v_cache, meta.decode_slots, meta.decode_mask,
-                                          self.scale))
+            parts.append(self.ops.decode_attention(q[:nd], k_cache, v_cache, meta, self.scale))
         for c in meta.prefills:
             parts.append(self.ops.prefill_attention(q[c.token_start:c.token_start + c.num_tokens], k_cache, v_cache,
                                            c.context_slots, c.start_pos, self.scale))
@@ -204,5 +197,5 @@ class LlamaForCausalLM:
 
     def compute_logits(self, hidden: paddle.Tensor) -> paddle.Tensor:
         """hidden [B, H] -> logits [B, V] fp32."""
-        logits = paddle.matmul(hidden, self.lm_head, transpose_y=True)
+        logits = self.lm_head_op(hidden)
         return logits if logits.dtype == paddle.float32 else logits.astype("float32")

@@ -77,7 +77,7 @@ class SparseMoeBlock:
         self.shared = self.shared_gate = None
         if moe.shared_intermediate_size:
             sub = "shared_experts." if self.fp32_router else "shared_expert."
-            self.shared = DenseMLP(r, m + sub, shared_bias, dtype)
+            self.shared = DenseMLP(r, m + sub, shared_bias, dtype, ops)
         if moe.shared_expert_gate:
             self.shared_gate = _tensor(r.linear(m + "shared_expert_gate.weight"), dtype)
 

@@ -39,7 +39,8 @@ COMPUTE_OPS = ("matmul", "softmax", "swiglu", "index_select", "add", "multiply",
 # same-width view, see _gather_dtype) and cast.
 KV_WRITE_OPS = ("cast", "index_put")
 _SAME_WIDTH = {"float16": ("bfloat16",), "bfloat16": ("float16",), "float32": ()}
-OPTIONAL_KERNELS = ("fused_rms_norm", "fused_moe")
+OPTIONAL_KERNELS = ("cpu_kernels", "fused_rms_norm", "fused_moe")
+QUANTIZATIONS = ("", "wint8")
 # The fused mixture-of-experts kernel: paddle-custom-gcu's custom operators, as FastDeploy's GCU MoE
 # uses them (paddle_llm_ops.moe). Paddle itself registers none for the CPU (its fused_moe is CUDA-only).
 FUSED_MOE_OPS = ("moe_align_block_size_gcu", "fused_moe_kernel_gcu")
@@ -61,6 +62,8 @@ class PlaceFacts:
     kernel_fallback: bool = True
     paddle_version: str = ""
     device_description: str = ""
+    cpu_kernels_built: bool = False
+    cpu_kernels_detail: str = "not looked for"
 
 
 @dataclass
@@ -68,14 +71,17 @@ class PlatformPlan:
     """The decisions for one engine. dtype / kv_cache_dtype: Paddle dtype names; kv_gather_dtype:
     the dtype the cache is viewed as for gathers (same width as kv_cache_dtype; differs when the
     place has no gather kernel for the cache's own dtype); kernels: optional kernel name -> on;
-    flags: Paddle flags to set before the model is built; decisions: one log line per decision,
-    each with its reason."""
+    flags: Paddle flags to set before the model is built; cpu_isa: the dispatch path of the C++ CPU
+    kernels ("avx2_fma" | "generic") when kernels["cpu_kernels"] is on, else None; quantization: ""
+    or "wint8"; decisions: one log line per decision, each with its reason."""
 
     device: str
     dtype: str
     kv_cache_dtype: str
     kv_gather_dtype: str
     kernels: dict[str, bool] = field(default_factory=dict)
+    cpu_isa: str | None = None
+    quantization: str = ""
     flags: dict[str, object] = field(default_factory=dict)
     decisions: list[str] = field(default_factory=list)
 
@@ -190,6 +196,37 @@ def _fused_rms_norm(facts: PlaceFacts, dtype: str, verify: Callable[[str], Child
     return False, f"the {facts.device.split(':')[0]} plug-in registers no fused_rms_norm_quant kernel for {dtype}"
 
 
+def _cpu_kernels(facts: PlaceFacts, dtype: str, kv: str) -> tuple[bool, str, str | None]:
+    """(can run, reason, isa) for the C++ CPU kernels (paddle_llm_ops.cpu_kernels). The isa comes
+    from the CPU's flags: the AVX2+FMA code only where both are present, else the portable code."""
+    if facts.device != "cpu":
+        return False, "the C++ CPU kernels serve the CPU place only; the device's own kernels run", None
+    if not facts.cpu_kernels_built:
+        return False, f"not available: {facts.cpu_kernels_detail}", None
+    if dtype != "float32" or kv != "float32":
+        return False, f"they need float32 compute and a float32 KV cache (dtype {dtype}, kv_cache_dtype {kv})", None
+    if facts.cpu.has("avx2", "fma"):
+        return True, "AVX2+FMA path, the CPU has avx2 and fma", "avx2_fma"
+    return True, f"portable path, the CPU lacks {', '.join(facts.cpu.missing('avx2', 'fma'))}", "generic"
+
+
+def _decide_quantization(facts: PlaceFacts, quantization: str, dtype: str, cpu_isa: str | None,
+                         cpu_reason: str, out: list[str]) -> None:
+    if not quantization:
+        return
+    if facts.device == "cpu":
+        if cpu_isa is None:
+            raise PlatformError(f"quantization wint8 on the CPU runs on the C++ int8 GEMV, but the C++ CPU kernels "
+                                f"are off ({cpu_reason}); use kernels auto or leave quantization empty")
+        out.append(f"quantization wint8: per-output-channel symmetric int8 weights with fp32 scales, "
+                   f"C++ int8 GEMV ({cpu_isa})")
+        return
+    if not facts.registry.has("weight_only_linear", facts.device, dtype):
+        raise PlatformError(f"quantization wint8 is not supported on {facts.device}: the "
+                            f"{facts.device.split(':')[0]} plug-in registers no weight_only_linear kernel for {dtype}")
+    out.append(f"quantization wint8: the plug-in's weight_only_linear ({dtype} activations)")
+
+
 def _fused_moe(facts: PlaceFacts) -> tuple[bool, str]:
     """(can run, reason) for the fused MoE expert kernel (FUSED_MOE_OPS)."""
     if facts.device == "cpu":
@@ -202,9 +239,10 @@ def _fused_moe(facts: PlaceFacts) -> tuple[bool, str]:
 
 
 def decide(facts: PlaceFacts, dtype: str = "auto", kv_cache_dtype: str = "auto", kernels: str = "auto",
-           verify: Callable[[str], ChildVerdict] | None = None) -> PlatformPlan:
+           verify: Callable[[str], ChildVerdict] | None = None, quantization: str = "") -> PlatformPlan:
     """The PlatformPlan for a place. verify(check name) runs a risky kernel's check in a child
-    process (child_check.verify_in_child); tests pass their own.
+    process (child_check.verify_in_child); tests pass their own. quantization: "" or "wint8".
+    With the C++ CPU kernels on, Paddle's fused RMSNorm is not used (they bring their own).
 
     Raises PlatformError for a dtype, kv_cache_dtype or forced kernel the place cannot run, and
     ValueError for a malformed setting (naming it)."""
@@ -212,6 +250,8 @@ def decide(facts: PlaceFacts, dtype: str = "auto", kv_cache_dtype: str = "auto",
         if value not in DTYPE_CHOICES:
             raise ValueError(f"{name} must be one of {', '.join(DTYPE_CHOICES)}; got {value!r}")
     mode, forced = parse_kernels_setting(kernels)
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be empty or wint8; got {quantization!r}")
     if verify is None:
         def verify(name):
             return ChildVerdict(False, "no verifier given")
@@ -230,7 +270,19 @@ def decide(facts: PlaceFacts, dtype: str = "auto", kv_cache_dtype: str = "auto",
     dt = _decide_dtype(facts, dtype, decisions)
     kv, gather = _decide_kv(facts, kv_cache_dtype, dt, decisions)
     chosen: dict[str, bool] = {}
-    deciders = {"fused_rms_norm": lambda: _fused_rms_norm(facts, dt, verify), "fused_moe": lambda: _fused_moe(facts)}
+    isa: list[str | None] = [None]
+
+    def cpu_decider():
+        ok, reason, isa[0] = _cpu_kernels(facts, dt, kv)
+        return ok, reason
+
+    def rms_decider():
+        if chosen.get("cpu_kernels"):
+            return False, "the C++ CPU kernels' RMSNorm runs instead"
+        return _fused_rms_norm(facts, dt, verify)
+
+    deciders = {"cpu_kernels": cpu_decider, "fused_rms_norm": rms_decider, "fused_moe": lambda: _fused_moe(facts)}
+    cpu_reason = "set to composed by the operator" if mode == "composed" else "not in the operator's kernels list"
     for name in OPTIONAL_KERNELS:
         if mode == "composed":
             chosen[name] = False
@@ -244,9 +296,14 @@ def decide(facts: PlaceFacts, dtype: str = "auto", kv_cache_dtype: str = "auto",
         if mode == "list" and not ok:
             raise PlatformError(f"kernels lists {name}, which {facts.device} cannot run: {reason}")
         chosen[name] = ok
+        if name == "cpu_kernels":
+            cpu_reason = reason
         decisions.append(f"{name}: {'on' if ok else 'off'}, {reason}")
+    cpu_isa = isa[0] if chosen.get("cpu_kernels") else None
+    _decide_quantization(facts, quantization, dt, cpu_isa, cpu_reason, decisions)
     return PlatformPlan(device=facts.device, dtype=dt, kv_cache_dtype=kv, kv_gather_dtype=gather,
-                        kernels=chosen, flags=flags, decisions=decisions)
+                        kernels=chosen, flags=flags, cpu_isa=cpu_isa, quantization=quantization,
+                        decisions=decisions)
 
 
 def gather_facts(device: str) -> PlaceFacts:
@@ -261,12 +318,22 @@ def gather_facts(device: str) -> PlaceFacts:
     except Exception:  # flag unknown to this Paddle: assume its documented default (on)
         fallback = True
     description = "" if device == "cpu" else f"{device} through {gcu_plugin_description()}"
+    built, detail = False, "the CPU place only"
+    if device == "cpu":
+        from paddle_llm_ops import cpu_kernels
+
+        try:
+            cpu_kernels.load()
+            built, detail = True, "built"
+        except Exception as e:  # not built for these sources: the composed ops run, and the log says why
+            detail = str(e)
     return PlaceFacts(device=device, cpu=host_cpu(), registry=KernelRegistry(), kernel_fallback=fallback,
-                      paddle_version=paddle.__version__, device_description=description)
+                      paddle_version=paddle.__version__, device_description=description,
+                      cpu_kernels_built=built, cpu_kernels_detail=detail)
 
 
 def plan_for_device(device: str, dtype: str = "auto", kv_cache_dtype: str = "auto",
-                    kernels: str = "auto") -> PlatformPlan:
+                    kernels: str = "auto", quantization: str = "") -> PlatformPlan:
     """Decide for `device` in this process, log every decision, apply the plan's Paddle flags.
     Raises as decide()."""
     import paddle
@@ -278,7 +345,7 @@ def plan_for_device(device: str, dtype: str = "auto", kv_cache_dtype: str = "aut
     def verify(name: str) -> ChildVerdict:
         return verify_in_child(name, facts.paddle_version, facts.cpu.model, facts.cpu.flags)
 
-    plan = decide(facts, dtype, kv_cache_dtype, kernels, verify)
+    plan = decide(facts, dtype, kv_cache_dtype, kernels, verify, quantization)
     if plan.flags:
         paddle.set_flags(plan.flags)
     plan.log()

@@ -64,10 +64,13 @@ class ModelRunnerBase:
         self.block_size = engine_config.block_size
         self.setup_device()
         self.plan = plan_for_device(device, engine_config.dtype, engine_config.kv_cache_dtype,
-                                    engine_config.kernels)
+                                    engine_config.kernels, engine_config.quantization)
         gather = self.plan.kv_gather_dtype if self.plan.kv_gather_dtype != self.plan.kv_cache_dtype else None
         self.ops = build_opset(fused_rms_norm=self.plan.kernels.get("fused_rms_norm", False),
-                               kv_gather_dtype=gather, fused_moe=self.plan.kernels.get("fused_moe", False))
+                               kv_gather_dtype=gather, fused_moe=self.plan.kernels.get("fused_moe", False),
+                               cpu_isa=self.plan.cpu_isa, quantization=self.plan.quantization,
+                               block_size=self.block_size)
+        self.configure_kernels()
         self.model = self.make_model()
         self.model.load_weights(engine_config.model_dir)
         self.num_kv_blocks = self._num_kv_blocks()
@@ -80,6 +83,10 @@ class ModelRunnerBase:
 
     def setup_device(self) -> None:
         paddle.set_device(self.device)
+
+    def configure_kernels(self) -> None:
+        """Hook for the place's kernel settings once the plan is known (the CPU runner sets the C++
+        kernels' thread count)."""
 
     def available_memory_bytes(self) -> int | None:
         """Memory the KV cache could take now that the weights are loaded, or None when the device
@@ -182,14 +189,23 @@ class ModelRunnerBase:
                                  num_decodes=len(decodes), prefills=chunks)
         if decodes:
             ctx = [s.seq.num_computed_tokens + 1 for s in decodes]
-            width = max(ctx)
-            dslots = np.zeros((len(decodes), width), dtype=np.int64)
-            mask = np.full((1, len(decodes), 1, width), -np.inf, dtype=np.float32)
-            for i, (s, c) in enumerate(zip(decodes, ctx)):
-                dslots[i, :c] = self._slots(s.seq.block_table, 0, c)
-                mask[0, i, 0, :c] = 0.0
-            meta.decode_slots = paddle.to_tensor(dslots)
-            meta.decode_mask = paddle.to_tensor(mask)
+            if self.ops.decode_metadata == "block_tables":
+                nblk = max(-(-c // self.block_size) for c in ctx)
+                tables = np.zeros((len(decodes), nblk), dtype=np.int32)
+                for i, (s, c) in enumerate(zip(decodes, ctx)):
+                    used = -(-c // self.block_size)
+                    tables[i, :used] = s.seq.block_table[:used]
+                meta.decode_block_tables = paddle.to_tensor(tables)
+                meta.decode_context_lens = paddle.to_tensor(np.asarray(ctx, dtype=np.int32))
+            else:
+                width = max(ctx)
+                dslots = np.zeros((len(decodes), width), dtype=np.int64)
+                mask = np.full((1, len(decodes), 1, width), -np.inf, dtype=np.float32)
+                for i, (s, c) in enumerate(zip(decodes, ctx)):
+                    dslots[i, :c] = self._slots(s.seq.block_table, 0, c)
+                    mask[0, i, 0, :c] = 0.0
+                meta.decode_slots = paddle.to_tensor(dslots)
+                meta.decode_mask = paddle.to_tensor(mask)
         return (sampled, paddle.to_tensor(np.concatenate(ids)), paddle.to_tensor(np.concatenate(pos)), meta,
                 np.asarray(last_rows, dtype=np.int64))
 

@@ -20,6 +20,13 @@ class CPUModelRunner(ModelRunnerBase):
         paddle.base.core.set_num_threads(n)
         self.num_threads = n
 
+    def configure_kernels(self) -> None:
+        """The C++ CPU kernels use as many threads as Paddle's kernels (num_threads)."""
+        if self.plan.cpu_isa is not None:
+            from paddle_llm_ops import cpu_kernels
+
+            cpu_kernels.set_num_threads(self.num_threads)
+
     def available_memory_bytes(self) -> int | None:
         """The host's MemAvailable (the weights are already loaded when this is asked)."""
         return host_available_memory()

@@ -10,7 +10,8 @@ has answered, without a collective. The engine unlinks the file as soon as every
 
 Messages, engine -> worker: ("init", WorkerSpec), ("blocks", n), ("step", bytes of a pickled
 (copies, wire(input_ids, positions, meta), last_rows)), ("stop",).
-worker -> engine: ("sized", n) (KV blocks this rank can hold), ("ready",), ("done",),
+worker -> engine: ("sized", n) (KV blocks this rank can hold), ("ready", decode_metadata) (the
+form of decode metadata its OpSet reads: "slots" or "block_tables"), ("done",),
 ("error", text) (the worker exits after sending it).
 """
 

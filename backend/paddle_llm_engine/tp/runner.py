@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 import weakref
 from multiprocessing.connection import Connection, wait
 
@@ -202,7 +203,12 @@ class TPModelRunner(ModelRunnerBase):
         self.num_kv_blocks = min(m[1] for m in sized)
         for c in self._conns:
             c.send(("blocks", self.num_kv_blocks))
-        self._gather("ready", START_TIMEOUT_S, "start")
+        ready = self._gather("ready", START_TIMEOUT_S, "start")
+        forms = {msg[1] for msg in ready}
+        if len(forms) != 1:
+            self._fail(f"ranks chose different decode kernels ({sorted(forms)})")
+        # prepare() (in this process) packs the decode metadata in the form the workers' kernels read
+        self.ops = types.SimpleNamespace(decode_metadata=forms.pop())
         try:  # every rank has mapped it: nothing to clean up if this process is killed later
             os.unlink(self._logits_path)
         except FileNotFoundError:

@@ -110,7 +110,7 @@ def serve(runner, spec, conn) -> None:
 
     logits = open_logits_file(spec.logits_path, spec.logits_shape)
     v0, v1 = runner.shard.vocab_start, runner.shard.vocab_end
-    conn.send(("ready",))
+    conn.send(("ready", runner.ops.decode_metadata))
     with paddle.no_grad():
         while True:
             try:

@@ -1,0 +1,102 @@
+"""Linear layers as the engine's OpSet stores and runs them: one class per kernel, one interface.
+
+A model hands every Linear weight over once, at load, as the fp32 numpy matrix [in, out] that
+`x @ W` expects (plus an optional bias [out]); the OpSet's `make_linear` keeps it in the layout its
+kernel reads and returns a callable `lin(x [T, in]) -> [T, out]`:
+- ComposedLinear: paddle.matmul on [in, out] in the compute dtype (every place);
+- GemvLinear: the C++ CPU weight-streaming GEMV on [out, in] fp32 (cpu_kernels.linear; paddle.matmul
+  with transpose_y on the same tensor for large batches), one copy of the weight;
+- Int8Linear: weight-only int8 (per-output-channel symmetric, fp32 scales), the C++ CPU int8 GEMV
+  (cpu_kernels.linear_int8), a quarter of the fp32 bytes read per step;
+- WeightOnlyInt8Linear: Paddle's weight_only_linear (the GCU plug-in's kernel where registered).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import paddle
+
+
+def _const(t: paddle.Tensor) -> paddle.Tensor:
+    t.stop_gradient = True
+    return t
+
+
+def _bias(bias: np.ndarray | None, dtype: str) -> paddle.Tensor | None:
+    if bias is None:
+        return None
+    t = paddle.to_tensor(np.asarray(bias, dtype=np.float32))
+    return _const(t if dtype == "float32" else t.astype(dtype))
+
+
+class ComposedLinear:
+    """y = x @ W (+ b) with paddle.matmul. weight [in, out] in the compute dtype."""
+
+    kind = "composed"
+
+    def __init__(self, w_in_out: np.ndarray, bias: np.ndarray | None, dtype: str):
+        t = paddle.to_tensor(np.ascontiguousarray(w_in_out, dtype=np.float32))
+        self.weight = _const(t if dtype == "float32" else t.astype(dtype))
+        self.bias = _bias(bias, dtype)
+
+    def __call__(self, x: paddle.Tensor) -> paddle.Tensor:
+        y = paddle.matmul(x, self.weight)
+        return y if self.bias is None else y + self.bias
+
+
+class GemvLinear:
+    """y = x @ W (+ b) through cpu_kernels.linear; weight stored [out, in] fp32 (transposed once at
+    load). isa: the dispatch path the platform layer chose ("avx2_fma" | "generic")."""
+
+    kind = "gemv"
+
+    def __init__(self, w_in_out: np.ndarray, bias: np.ndarray | None, isa: str):
+        self.weight = _const(paddle.to_tensor(np.ascontiguousarray(np.asarray(w_in_out, np.float32).T)))
+        self.bias = _bias(bias, "float32")
+        self.isa = isa
+
+    def __call__(self, x: paddle.Tensor) -> paddle.Tensor:
+        from paddle_llm_ops import cpu_kernels
+
+        return cpu_kernels.linear(x, self.weight, self.bias, self.isa)
+
+
+class Int8Linear:
+    """Weight-only int8 through cpu_kernels.linear_int8: q [out, in] int8 and scale [out] fp32 with
+    scale = max|W[:, o]| / 127 and q = round(W / scale) (cpu_kernels.quantize_int8_numpy), so
+    |W - q * scale| <= scale / 2 per weight. Activations stay fp32."""
+
+    kind = "int8"
+
+    def __init__(self, w_in_out: np.ndarray, bias: np.ndarray | None, isa: str):
+        from paddle_llm_ops import cpu_kernels
+
+        q, scale = cpu_kernels.quantize_int8_numpy(np.asarray(w_in_out, np.float32).T)
+        self.qweight, self.scale = _const(paddle.to_tensor(q)), _const(paddle.to_tensor(scale))
+        self.bias = _bias(bias, "float32")
+        self.isa = isa
+
+    def __call__(self, x: paddle.Tensor) -> paddle.Tensor:
+        from paddle_llm_ops import cpu_kernels
+
+        return cpu_kernels.linear_int8(x, self.qweight, self.scale, self.bias, self.isa)
+
+
+class WeightOnlyInt8Linear:
+    """Weight-only int8 through paddle.nn.quant.weight_quantize / weight_only_linear (the kernels a
+    device plug-in registers; Paddle's CPU wheel has none). Not run here: no such place is
+    reachable."""
+
+    kind = "weight_only_linear"
+
+    def __init__(self, w_in_out: np.ndarray, bias: np.ndarray | None, dtype: str):
+        from paddle.nn.quant import weight_quantize
+
+        w = paddle.to_tensor(np.ascontiguousarray(w_in_out, dtype=np.float32)).astype(dtype)
+        self.qweight, self.scale = weight_quantize(w, algo="weight_only_int8")
+        self.bias = _bias(bias, dtype)
+
+    def __call__(self, x: paddle.Tensor) -> paddle.Tensor:
+        from paddle.nn.quant import weight_only_linear
+
+        return weight_only_linear(x, self.qweight, bias=self.bias, weight_scale=self.scale, weight_dtype="int8")
