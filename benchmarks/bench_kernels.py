@@ -358,6 +358,31 @@ def bench_decoder_step(batches, ctx, repeats, fused_ok: bool):
         del caches
 
 
+def bench_crossover(repeats, budget):
+    """Where paddle.matmul (MKL) on the same [N, K] weight overtakes our GEMV: sets GEMV_MAX_BATCH."""
+    print(f"\n== GEMV vs paddle.matmul(x, W_nk, transpose_y=True) by batch (cold weights; linear() switches "
+          f"above GEMV_MAX_BATCH={ck.GEMV_MAX_BATCH}, int8 above GEMV_INT8_MAX_BATCH={ck.GEMV_INT8_MAX_BATCH})")
+    rng = np.random.default_rng(8)
+    for name, n, k in (GEMVS[2], GEMVS[3]):
+        copies = max(2, -(-budget // (n * k * 4)))
+        w_nk = [paddle.to_tensor(rng.standard_normal((n, k), dtype=np.float32)) for _ in range(copies)]
+        w_kn = [paddle.to_tensor(np.ascontiguousarray(w.numpy().T)) for w in w_nk]
+        q8 = [ck.quantize_int8(w) for w in w_nk[: max(2, copies // 4)]]
+        for b in (1, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 1024):
+            x = paddle.to_tensor(rng.standard_normal((b, k), dtype=np.float32))
+            reps = max(copies, 10)
+            ours = timeit(lambda i: ck.gemv(x, w_nk[i % copies], isa="avx2_fma"), reps, repeats)
+            mm = timeit(lambda i: paddle.matmul(x, w_nk[i % copies], transpose_y=True), reps, repeats)
+            mm_kn = timeit(lambda i: paddle.matmul(x, w_kn[i % copies]), reps, repeats)
+            o8 = timeit(lambda i: ck.gemv_int8(x, *q8[i % len(q8)], isa="avx2_fma"), reps, repeats)
+            d8 = timeit(lambda i: paddle.matmul(x, ck.dequantize_int8(*q8[i % len(q8)]), transpose_y=True), reps,
+                        repeats)
+            print(f"{name + ' B=' + str(b):<28}  gemv {ours * 1e6:9.1f} us  matmul {mm * 1e6:9.1f} us  "
+                  f"(matmul/gemv {mm / ours:5.2f}; W_kn layout {mm_kn * 1e6:9.1f} us)  int8 {o8 * 1e6:9.1f} us  dequant+matmul {d8 * 1e6:9.1f} us  "
+                  f"({d8 / o8:5.2f})", flush=True)
+        del w_nk, w_kn, q8
+
+
 def bench_threading(repeats):
     print("\n== threads for small ops: OpenMP fork/join on the kernels' runtime, and ops forced onto "
           f"{ck.get_num_threads()} threads ('always') vs one thread ('never') vs the thresholds ('auto')")
@@ -394,7 +419,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ctx", type=int, default=512, help="mean context length for attention")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="smaller cold-weight sets and bandwidth buffer")
-    ap.add_argument("--only", default="", help="comma list of sections: bw,gemv,int8,step,rotary,attn,norm,threads,decoder")
+    ap.add_argument("--only", default="", help="comma list of sections: bw,gemv,int8,step,rotary,attn,norm,threads,"
+                    "crossover,decoder (default: all but crossover)")
     a = ap.parse_args(argv)
     batches = [int(b) for b in a.batches.split(",")]
     paddle.set_device("cpu")
@@ -408,7 +434,7 @@ def main(argv=None) -> int:
           f"paddle {paddle.__version__}; kernels {ck.library_path().parent.name}")
     print(f"isas: {', '.join(ck.supported_isas())}; times are the minimum over {a.repeats} repetitions")
     only = set(filter(None, a.only.split(",")))
-    want = (lambda s: not only or s in only)
+    want = (lambda s: s in only if only else s != "crossover")
     if want("bw"):
         bench_bandwidth(a.quick)
     if want("gemv"):
@@ -425,6 +451,8 @@ def main(argv=None) -> int:
         bench_norm(batches, a.repeats, "avx512f" in flags)
     if want("threads"):
         bench_threading(a.repeats)
+    if want("crossover"):
+        bench_crossover(a.repeats, budget)
     if want("decoder"):
         bench_decoder_step(batches, a.ctx, a.repeats, "avx512f" in flags)
     return 0

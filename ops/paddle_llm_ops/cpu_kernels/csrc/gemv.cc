@@ -16,6 +16,8 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <type_traits>
+#include <vector>
 
 #include "common.h"
 #include "kernels.h"
@@ -136,9 +138,42 @@ inline void tile(const float* x, int64_t K, const WT* w, float* out) {
     tile_generic<WT, R, BT>(x, K, w, out);
 }
 
+// int8 -> fp32 of n contiguous weights (exact), for the batched path below.
+PLK_AVX2 void widen_avx2(const int8_t* q, int64_t n, float* out) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, wload(q + i));
+  for (; i < n; ++i) out[i] = static_cast<float>(q[i]);
+}
+void widen_generic(const int8_t* q, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(q[i]);
+}
+
 template <typename WT, int R, bool AVX>
-inline void rows(const GemvCtx& c, int64_t n0) {
-  const WT* w = static_cast<const WT*>(c.w) + n0 * c.K;
+inline void rows(const GemvCtx& c, int64_t n0, const WT* w);
+
+// int8 weights with more than one batch tile: widen the R rows once into an fp32 buffer (L1-sized)
+// and run the fp32 tiles over it, so the conversion is paid once per weight instead of once per
+// batch tile. int8 -> fp32 is exact, so the arithmetic (and its order) is unchanged.
+template <int R, bool AVX>
+inline bool rows_widened(const GemvCtx& c, int64_t n0) {
+  if (c.B <= kBT) return false;
+  thread_local std::vector<float> buf;
+  if (static_cast<int64_t>(buf.size()) < R * c.K) buf.resize(R * c.K);
+  const int8_t* q = static_cast<const int8_t*>(c.w) + n0 * c.K;
+  if (AVX)
+    widen_avx2(q, R * c.K, buf.data());
+  else
+    widen_generic(q, R * c.K, buf.data());
+  rows<float, R, AVX>(c, n0, buf.data());
+  return true;
+}
+
+// Output rows n0 .. n0 + R - 1 for every batch row; w points at weight row n0.
+template <typename WT, int R, bool AVX>
+inline void rows(const GemvCtx& c, int64_t n0, const WT* w) {
+  if constexpr (std::is_same<WT, int8_t>::value) {
+    if (rows_widened<R, AVX>(c, n0)) return;
+  }
   float sums[kBT * kR1];
   int64_t b = 0;
   auto emit = [&](int bt) {
@@ -173,11 +208,12 @@ inline void rows(const GemvCtx& c, int64_t n0) {
 template <typename WT, bool AVX>
 void range_impl(void* ctx, int64_t n0, int64_t n1) {
   const GemvCtx& c = *static_cast<const GemvCtx*>(ctx);
+  const WT* w = static_cast<const WT*>(c.w);
   int64_t n = n0;
   if (c.B == 1)
-    for (; n + kR1 <= n1; n += kR1) rows<WT, kR1, AVX>(c, n);
-  for (; n + kR <= n1; n += kR) rows<WT, kR, AVX>(c, n);
-  for (; n < n1; ++n) rows<WT, 1, AVX>(c, n);
+    for (; n + kR1 <= n1; n += kR1) rows<WT, kR1, AVX>(c, n, w + n * c.K);
+  for (; n + kR <= n1; n += kR) rows<WT, kR, AVX>(c, n, w + n * c.K);
+  for (; n < n1; ++n) rows<WT, 1, AVX>(c, n, w + n * c.K);
 }
 
 // The AVX2 instantiations are marked with the target attribute through their own entry points.
