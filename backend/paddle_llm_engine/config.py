@@ -219,6 +219,9 @@ class EngineConfig:
         kv_cache_memory_fraction are 0.
     max_num_seqs: sequences in one step (decode batch limit).
     max_num_batched_tokens: tokens in one step (prefill chunk budget).
+    prefill_chunk_size: while sequences decode, at most this many prompt tokens join a step, so a
+        wave of arriving prompts delays running streams by one chunk per step, not by the whole
+        wave; 0: no cap beyond max_num_batched_tokens.
     max_model_len: prompt + output limit per sequence; 0 means the model's max_position_embeddings.
     num_threads: CPU threads for Paddle kernels; 0 means all cores.
     enable_prefix_caching: 1 reuses KV blocks of equal prompt prefixes across requests; 0 disables.
@@ -247,6 +250,7 @@ class EngineConfig:
     kv_cache_memory_bytes: int = 1 << 30
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 2048
+    prefill_chunk_size: int = 256
     max_model_len: int = 0
     num_threads: int = 0
     enable_prefix_caching: int = 1
@@ -277,6 +281,8 @@ class EngineConfig:
             )
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.prefill_chunk_size < 0:
+            raise ValueError(f"prefill_chunk_size must be >= 0 (0 = no cap), got {self.prefill_chunk_size}")
         if self.max_waiting_requests <= 0:
             raise ValueError(f"max_waiting_requests must be > 0, got {self.max_waiting_requests}")
         if self.num_kv_blocks < 0 or self.kv_cache_memory_bytes <= 0:

@@ -70,7 +70,8 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(config.model_dir)
         self.block_manager = BlockManager(self.runner.num_kv_blocks, config.block_size,
                                           enable_prefix_caching=bool(config.enable_prefix_caching))
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
+                                   config.prefill_chunk_size)
         self.requests: dict[str, _Request] = {}
         self.num_steps = 0
         # guided decoding: llguidance tokenizer built on the first guided request, not here

@@ -7,6 +7,9 @@ Policy per step (token budget `max_num_batched_tokens`, at most `max_num_seqs` s
 2. Then waiting sequences in arrival order, as long as the budget, the sequence limit and the
    free blocks allow; leading blocks found in the prefix cache are not recomputed, and a prompt
    longer than the budget left is chunked (chunked prefill).
+While any running sequence decodes, the prompt tokens of a step (both kinds above) are capped at
+`prefill_chunk_size`: a wave of arriving prompts is spread over several steps instead of stalling
+every running stream for the whole wave's prefill.
 A step therefore mixes prefills and decodes. The scheduler never touches tensors.
 """
 
@@ -49,10 +52,15 @@ class SchedulerOutput:
 class Scheduler:
     """Holds the waiting and running queues and the block manager."""
 
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 prefill_chunk_size: int = 0):
+        """prefill_chunk_size: when any running sequence decodes, the prompt tokens (new prompts,
+        prompt chunks, recomputes) of one step are capped at this many, so running decodes wait for
+        at most one chunk's compute when prompts arrive in waves; 0: only max_num_batched_tokens."""
         self.blocks = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.prefill_chunk_size = prefill_chunk_size
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -72,14 +80,19 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
+        # Tokens of prompts this step may take: bounded while sequences decode (see __init__).
+        prefill_left = budget
+        if self.prefill_chunk_size and any(seq.num_pending_tokens == 1 for seq in self.running):
+            prefill_left = min(budget, self.prefill_chunk_size)
         running: list[Sequence] = []
         queue = deque(self.running)
         while queue:
             seq = queue.popleft()
-            if budget == 0:
+            pending = seq.num_pending_tokens
+            if budget == 0 or (pending > 1 and prefill_left == 0):
                 running.append(seq)
                 continue
-            n = min(seq.num_pending_tokens, budget)
+            n = min(pending, budget) if pending == 1 else min(pending, budget, prefill_left)
             # Make room: preempt the newest running sequences (never `seq` itself unless alone).
             while not self.blocks.can_allocate(self.blocks.blocks_needed(seq, seq.num_computed_tokens + n)):
                 victim = queue.pop() if queue else None
@@ -94,12 +107,15 @@ class Scheduler:
             out.scheduled.append(ScheduledSeq(seq, n))
             running.append(seq)
             budget -= n
+            if pending > 1:
+                prefill_left -= n
         self.running = running
 
         # Admit waiting sequences (preempted ones were put back at the front).
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not out.preempted:
+        while (self.waiting and budget > 0 and prefill_left > 0 and len(self.running) < self.max_num_seqs
+               and not out.preempted):
             seq = self.waiting[0]
-            n = self.blocks.allocate_prompt(seq, budget)  # reuses cached prefix blocks
+            n = self.blocks.allocate_prompt(seq, min(budget, prefill_left))  # reuses cached prefix blocks
             if n is None:
                 break
             self.waiting.popleft()
@@ -109,6 +125,7 @@ class Scheduler:
             self.running.append(seq)
             out.scheduled.append(ScheduledSeq(seq, n))
             budget -= n
+            prefill_left -= n
         out.copies = self.blocks.take_copies()
         return out
 

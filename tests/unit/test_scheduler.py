@@ -160,3 +160,39 @@ def test_finish_and_abort_free_blocks():
     for s in (a, c):
         sched.finish(s, "stop")
     assert sched.blocks.num_free_blocks == 8 and not sched.has_work()
+
+
+def test_prefill_chunk_caps_prompt_tokens_while_sequences_decode():
+    """A wave of prompts arriving while streams decode: each step keeps every decode and adds at most
+    prefill_chunk_size prompt tokens; without decodes running, the whole budget is used."""
+    sched = Scheduler(BlockManager(256, 16, enable_prefix_caching=False), max_num_seqs=32, max_num_batched_tokens=2048,
+                      prefill_chunk_size=100)
+    first = [make_seq(30) for _ in range(2)]
+    for s in first:
+        sched.add(s)
+    out = sched.schedule()  # nothing decodes yet: both prompts whole (60 tokens)
+    assert [(x.seq, x.num_new_tokens) for x in out.scheduled] == [(first[0], 30), (first[1], 30)]
+    advance(sched, out)
+    wave = [make_seq(70) for _ in range(4)]
+    for s in wave:
+        sched.add(s)
+    steps = []
+    while any(s.num_computed_tokens < s.num_prompt_tokens for s in wave):
+        out = sched.schedule()
+        decodes = [x for x in out.scheduled if x.seq in first]
+        prompt_tokens = sum(x.num_new_tokens for x in out.scheduled
+                            if x.seq.num_computed_tokens < x.seq.num_prompt_tokens)
+        assert [x.num_new_tokens for x in decodes] == [1, 1], "a running stream missed a step"
+        assert prompt_tokens <= 100
+        steps.append(prompt_tokens)
+        advance(sched, out)
+    assert sum(steps) == 4 * 70 and len(steps) == 3  # 100 + 100 + 80, chunked across the prompts
+    # 0 turns the cap off: the whole wave in one step
+    sched0 = Scheduler(BlockManager(256, 16, enable_prefix_caching=False), max_num_seqs=32, max_num_batched_tokens=2048)
+    a = make_seq(30)
+    sched0.add(a)
+    advance(sched0, sched0.schedule())
+    more = [make_seq(70) for _ in range(4)]
+    for s in more:
+        sched0.add(s)
+    assert sum(x.num_new_tokens for x in sched0.schedule().scheduled) == 1 + 4 * 70
