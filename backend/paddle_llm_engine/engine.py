@@ -81,6 +81,23 @@ class LLMEngine:
                  config.max_num_seqs, config.max_num_batched_tokens,
                  self.runner.num_kv_blocks * config.block_size)
 
+    def info(self) -> dict[str, str]:
+        """What this engine runs on, as strings: device, dtype, kv_cache_dtype, kernels (the optional
+        kernels the platform layer turned on, ';'-joined, or "composed"), quantization ("none" or
+        "wint8"), tensor_parallel_size."""
+        plan = getattr(self.runner, "plan", None)
+        kernels = "composed"
+        if plan is not None and any(plan.kernels.values()):
+            kernels = ";".join(k for k, on in plan.kernels.items() if on)
+            if plan.cpu_isa:
+                kernels = kernels.replace("cpu_kernels", f"cpu_kernels_{plan.cpu_isa}")
+        return {"device": self.device,
+                "dtype": plan.dtype if plan else self.config.dtype,
+                "kv_cache_dtype": plan.kv_cache_dtype if plan else self.config.kv_cache_dtype,
+                "kernels": kernels if plan else self.config.kernels,
+                "quantization": self.config.quantization or "none",
+                "tensor_parallel_size": str(self.config.tensor_parallel_size)}
+
     @property
     def eos_token_ids(self) -> list[int]:
         """Default EOS ids: generation_config.json, else config.json, else the tokenizer's."""

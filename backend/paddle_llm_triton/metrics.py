@@ -5,7 +5,8 @@ Every MetricFamily call happens on one thread ("llm-metrics"), fed by a queue: t
 crashed when metrics were updated from several threads at once, and the engine thread must not
 wait on metric IPC. Producers (engine thread, responder thread, execute()) only enqueue.
 
-Labels on every metric: model, version, instance (plus finish_reason on llm_requests_total).
+Labels on every metric: model, version, instance (plus finish_reason on llm_requests_total, and
+device / dtype / kv_cache_dtype / kernels / quantization / tensor_parallel_size on llm_engine_info).
 """
 
 from __future__ import annotations
@@ -56,6 +57,12 @@ class LLMMetrics:
     def on_engine_failed(self) -> None:
         """The engine stopped after a failure: llm_engine_healthy drops to 0."""
         self._q.put(("healthy", 0))
+
+    def on_engine_info(self, info: dict[str, str]) -> None:
+        """What the instance runs on, as labels of the gauge llm_engine_info (value 1): device
+        ("cpu", "gcu:1"), dtype, kv_cache_dtype, kernels (the optional kernels that are on, ';'-joined,
+        or "composed"), quantization ("none" or "wint8"), tensor_parallel_size."""
+        self._q.put(("info", dict(info)))
 
     def on_rejected(self) -> None:
         """A request refused before it reached the engine (bad input)."""
@@ -151,6 +158,15 @@ class LLMMetrics:
             self.prefix_hit.set(s.prefix_cache_hit_ratio)
         elif kind == "healthy":
             self.healthy.set(item[1])
+        elif kind == "info":
+            import triton_python_backend_utils as pb_utils
+
+            fam = pb_utils.MetricFamily(name="llm_engine_info", kind=pb_utils.MetricFamily.GAUGE,
+                                        description="1, labelled with the instance's device, dtypes, kernels, "
+                                                    "quantization and tensor_parallel_size")
+            self._families.append(fam)
+            self._info = fam.Metric(labels={**self.labels, **item[1]})
+            self._info.set(1)
         elif kind == "rejected":
             self.requests["error"].increment(1)
         elif kind == "flush":

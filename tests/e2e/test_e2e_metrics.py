@@ -117,3 +117,22 @@ def test_running_gauge_and_used_blocks_during_generation(triton_server):
     rest.raise_for_error()
     wait_for(murl, is_idle, timeout=10)
     assert has_llm_sample(scrape_metrics(murl), "llm_kv_cache_used_blocks")
+
+
+def test_engine_info_names_what_the_instance_runs_on(triton_server):
+    """llm_engine_info = 1 with the instance's device and the platform layer's choices as labels,
+    equal to what an engine built here with the same settings decides."""
+    from paddle_llm_engine.platforms import plan_for_device
+
+    m = scrape_metrics(triton_server.metrics_url)
+    info = m.find("llm_engine_info", model="llm", version="1", instance="llm_0_0")
+    assert len(info) == 1 and info[0][1] == 1, info
+    labels = info[0][0]
+    plan = plan_for_device("cpu")
+    want_kernels = ";".join(k for k, on in plan.kernels.items() if on).replace(
+        "cpu_kernels", f"cpu_kernels_{plan.cpu_isa}") or "composed"
+    assert labels["device"] == "cpu" and labels["dtype"] == "float32" and labels["kv_cache_dtype"] == "float32"
+    assert labels["kernels"] == want_kernels and labels["quantization"] == "none"
+    assert labels["tensor_parallel_size"] == "1"
+    log = triton_server.log_path.read_text(errors="replace")
+    assert f"llm instance llm_0_0: engine ready on cpu (dtype float32, kv_cache_dtype float32, kernels {want_kernels}" in log

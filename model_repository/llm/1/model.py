@@ -52,6 +52,10 @@ class TritonPythonModel:
         self.responder = Responder(abort=self.loop.abort, decode_token=self._decode_token,
                                    on_finished=lambda out: self.stops.remove(out.request_id))
         self.metrics.on_state(self.engine.stats())
+        info = self.engine.info()
+        self.metrics.on_engine_info(info)
+        log.info("llm instance %s: engine ready on %s (%s)", self.instance, info["device"],
+                 ", ".join(f"{k} {v}" for k, v in info.items() if k != "device"))
 
     def is_ready(self) -> bool:
         """Model readiness (Triton >= 2.67 calls this on /v2/models/llm/ready; 2.51 never does): ready
