@@ -270,7 +270,8 @@ def bench_decoder_step(batches, ctx, repeats, fused_ok: bool):
     import paddle.nn.functional as F
 
     print(f"\n== decoder step, 30 layers + lm head, B decodes at contexts uniform in [{ctx // 2}, {3 * ctx // 2}] "
-          "(composed = the model's ops today" + (", RMSNorm fused" if fused_ok else "") + "; ours = our kernels)")
+          "(composed = the model's ops today" + (", RMSNorm fused" if fused_ok else "") + "; ours = our kernels, "
+          f"GEMV through linear(): paddle.matmul above {ck.GEMV_MAX_BATCH} rows, int8 above {ck.GEMV_INT8_MAX_BATCH})")
     rng = np.random.default_rng(7)
     bs = 64
     qkv_n = (HEADS + 2 * KV_HEADS) * HEAD_DIM
@@ -283,11 +284,13 @@ def bench_decoder_step(batches, ctx, repeats, fused_ok: bool):
             w = (rng.standard_normal((n, k), dtype=np.float32) / np.sqrt(k)).astype(np.float32)
             lay[key + "_nk"] = paddle.to_tensor(w)
             lay[key + "_kn"] = paddle.to_tensor(np.ascontiguousarray(w.T))
+        lay.update({key + "_q": ck.quantize_int8(lay[key + "_nk"]) for key in ws})
         lay["in_norm"] = paddle.to_tensor((1 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32))
         lay["post_norm"] = paddle.to_tensor((1 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32))
         layers.append(lay)
     embed = paddle.to_tensor(rng.standard_normal((VOCAB, HIDDEN), dtype=np.float32))
     final_norm = paddle.to_tensor(np.ones(HIDDEN, np.float32))
+    lm_q = ck.quantize_int8(embed)
     table = RotaryTable(HEAD_DIM, 8192, 100000.0)
     norm = rms_norm_fused if fused_ok else rms_norm_composed
     scale = HEAD_DIM ** -0.5
@@ -333,28 +336,40 @@ def bench_decoder_step(batches, ctx, repeats, fused_ok: bool):
                                       lay["down_kn"])
             return paddle.matmul(norm(h, final_norm, 1e-5), embed, transpose_y=True)
 
-        def ours(_, isa="avx2_fma"):
+        def ours(_, isa="avx2_fma", int8=False):
+            if int8:
+                lin = lambda x, key, lay: ck.linear_int8(x, *lay[key + "_q"], isa=isa)  # noqa: E731
+            else:
+                lin = lambda x, key, lay: ck.linear(x, lay[key + "_nk"], isa=isa)  # noqa: E731
             h = paddle.index_select(embed, ids_t, axis=0)
             x = ck.rms_norm(h, layers[0]["in_norm"], 1e-5, isa=isa)
             for li, (lay, (kc, vc)) in enumerate(zip(layers, caches)):
-                qkv = ck.gemv(x, lay["qkv_nk"], isa=isa)
+                qkv = lin(x, "qkv", lay)
                 q = ck.rotary_kv_write(qkv, positions, table.cos, table.sin, kc, vc, slot_mapping, HEADS, KV_HEADS,
                                        isa=isa)
                 attn = ck.paged_decode_attention(q, kc, vc, bt, cl, scale, bs, isa=isa)
-                x, h = ck.add_rms_norm(ck.gemv(attn, lay["o_nk"], isa=isa), h, lay["post_norm"], 1e-5, isa=isa)
-                down = ck.gemv(F.swiglu(ck.gemv(x, lay["gate_up_nk"], isa=isa)), lay["down_nk"], isa=isa)
+                x, h = ck.add_rms_norm(lin(attn, "o", lay), h, lay["post_norm"], 1e-5, isa=isa)
+                down = lin(F.swiglu(lin(x, "gate_up", lay)), "down", lay)
                 nxt = layers[li + 1]["in_norm"] if li + 1 < LAYERS else final_norm
                 x, h = ck.add_rms_norm(down, h, nxt, 1e-5, isa=isa)
-            return ck.gemv(x, embed, isa=isa)
+            if int8:
+                return ck.linear_int8(x, *lm_q, isa=isa)
+            return ck.linear(x, embed, isa=isa)
 
         ref, got = composed(0).numpy(), ours(0).numpy()
+        got8 = ours(0, int8=True).numpy()
         agree = np.abs(got - ref).max() / np.abs(ref).max()
+        agree8 = np.abs(got8 - ref).max() / np.abs(ref).max()
+        top8 = float((got8.argmax(-1) == ref.argmax(-1)).mean())
         t_c = timeit(composed, 1, repeats)
         t_o = timeit(ours, 1, repeats)
+        t_8 = timeit(lambda i: ours(i, int8=True), 1, repeats)
         t_g = timeit(lambda i: ours(i, "generic"), 1, max(2, repeats // 2))
-        row(f"decoder step B={b}", [("avx2", t_o, None), ("generic", t_g, None), ("composed", t_c, None)])
-        print(f"{'':<28}  -> tokens/s: ours {b / t_o:.0f}, composed {b / t_c:.0f} ({t_c / t_o:.2f}x); "
-              f"logits agree to {agree:.1e} (relative to max |logit|)")
+        row(f"decoder step B={b}", [("avx2", t_o, None), ("int8 avx2", t_8, None), ("generic", t_g, None),
+                                    ("composed", t_c, None)])
+        print(f"{'':<28}  -> tokens/s: ours {b / t_o:.0f}, ours int8 {b / t_8:.0f}, composed {b / t_c:.0f} "
+              f"({t_c / t_o:.2f}x); logits vs composed: fp32 {agree:.1e}, int8 {agree8:.1e} of max |logit|, "
+              f"int8 argmax agreement {top8:.2f} (random weights)")
         del caches
 
 
