@@ -135,4 +135,4 @@ def test_engine_info_names_what_the_instance_runs_on(triton_server):
     assert labels["kernels"] == want_kernels and labels["quantization"] == "none"
     assert labels["tensor_parallel_size"] == "1"
     log = triton_server.log_path.read_text(errors="replace")
-    assert f"llm instance llm_0_0: engine ready on cpu (dtype float32, kv_cache_dtype float32, kernels {want_kernels}" in log
+    assert f"llm instance llm_0_0: serving on cpu (dtype float32, kv_cache_dtype float32, kernels {want_kernels}" in log

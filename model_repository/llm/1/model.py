@@ -54,7 +54,7 @@ class TritonPythonModel:
         self.metrics.on_state(self.engine.stats())
         info = self.engine.info()
         self.metrics.on_engine_info(info)
-        log.info("llm instance %s: engine ready on %s (%s)", self.instance, info["device"],
+        log.info("llm instance %s: serving on %s (%s)", self.instance, info["device"],
                  ", ".join(f"{k} {v}" for k, v in info.items() if k != "device"))
 
     def is_ready(self) -> bool:
