@@ -54,11 +54,17 @@ PLK_AVX2 inline void tile_avx2(const float* x, int64_t K, const WT* w, float* ou
     for (int b = 0; b < BT; ++b) acc[r][b] = _mm256_setzero_ps();
   int64_t k = 0;
   for (; k + 8 <= K; k += 8) {
-    __m256 wv[R];
-    for (int r = 0; r < R; ++r) wv[r] = wload(w + r * K + k);
-    for (int b = 0; b < BT; ++b) {
-      __m256 xv = _mm256_loadu_ps(x + b * K + k);
-      for (int r = 0; r < R; ++r) acc[r][b] = _mm256_fmadd_ps(xv, wv[r], acc[r][b]);
+    if constexpr (BT == 1) {
+      // one weight vector live at a time: R accumulators + x + a temporary fit the 16 registers
+      const __m256 xv = _mm256_loadu_ps(x + k);
+      for (int r = 0; r < R; ++r) acc[r][0] = _mm256_fmadd_ps(xv, wload(w + r * K + k), acc[r][0]);
+    } else {
+      __m256 wv[R];
+      for (int r = 0; r < R; ++r) wv[r] = wload(w + r * K + k);
+      for (int b = 0; b < BT; ++b) {
+        __m256 xv = _mm256_loadu_ps(x + b * K + k);
+        for (int r = 0; r < R; ++r) acc[r][b] = _mm256_fmadd_ps(xv, wv[r], acc[r][b]);
+      }
     }
   }
   if (k < K) {
