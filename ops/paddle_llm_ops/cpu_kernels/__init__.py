@@ -43,9 +43,9 @@ from paddle_llm_ops.cpu_kernels import build as _build
 ISAS = ("avx2_fma", "generic")
 
 # Batches up to this size use our GEMV in `linear`; larger ones (prefill) use paddle.matmul on the
-# same [N, K] weight with transpose_y=True (MKL). Host-dependent (measure_gemv_crossover /
-# benchmarks/bench_kernels.py --only crossover): on the AVX-512 Xeon this was written on, MKL's
-# AVX-512 kernels overtake our AVX2 GEMV between 16 and 32 rows; set_gemv_max_batch changes it.
+# same [N, K] weight with transpose_y=True (MKL). Host-dependent (benchmarks/bench_kernels.py
+# --only crossover): on the AVX-512 Xeon this was written on, MKL's AVX-512 kernels overtake our
+# AVX2 GEMV between 8 and 24 rows (cold weights); set_gemv_max_batch changes it.
 GEMV_MAX_BATCH = 16
 # int8: above this batch the weight is dequantized to a temporary fp32 [N, K] and multiplied by
 # paddle.matmul (the temporary lives for one call only; the model keeps the int8 copy alone).
@@ -209,51 +209,14 @@ def linear(x: paddle.Tensor, w: paddle.Tensor, bias: paddle.Tensor | None = None
 
 
 def set_gemv_max_batch(fp32: int | None = None, int8: int | None = None) -> None:
-    """Set the batch sizes up to which `linear` / `linear_int8` use our GEMV (see
-    measure_gemv_crossover)."""
+    """Set the batch sizes up to which `linear` / `linear_int8` use our GEMV. Measure the host's
+    crossover with `benchmarks/bench_kernels.py --only crossover` (cold weights: a timing with the
+    weight in cache favours MKL's wider kernels at small batches and misleads)."""
     global GEMV_MAX_BATCH, GEMV_INT8_MAX_BATCH
     if fp32 is not None:
         GEMV_MAX_BATCH = int(fp32)
     if int8 is not None:
         GEMV_INT8_MAX_BATCH = int(int8)
-
-
-def measure_gemv_crossover(n: int = 3072, k: int = 576, int8: bool = False, isa: str | None = None,
-                           batches=(2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128), repeats: int = 5) -> int:
-    """The largest batch of `batches` before paddle.matmul(x, W, transpose_y=True) (int8: on the
-    dequantized weight) first beats our GEMV on an [n, k] weight, timed on this host (about
-    0.1-0.5 s; the weight stays in cache, which is where larger batches are compute-bound). Returns
-    batches[0] - 1 when matmul wins from the start. A host-dependent number: on an AVX-512 CPU MKL's
-    wider kernels win from a few tens of rows, on AVX2-only CPUs much later."""
-    import time
-
-    rng = np.random.default_rng(0)
-    w = paddle.to_tensor(rng.standard_normal((n, k)).astype(np.float32))
-    q, s = quantize_int8(w)
-
-    def best(fn):
-        fn()
-        t = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            for _ in range(3):
-                fn()
-            t = min(t, time.perf_counter() - t0)
-        return t
-
-    last = batches[0] - 1
-    for b in batches:
-        x = paddle.to_tensor(rng.standard_normal((b, k)).astype(np.float32))
-        if int8:
-            ours = best(lambda: gemv_int8(x, q, s, isa=isa))
-            theirs = best(lambda: paddle.matmul(x, dequantize_int8(q, s), transpose_y=True))
-        else:
-            ours = best(lambda: gemv(x, w, isa=isa))
-            theirs = best(lambda: paddle.matmul(x, w, transpose_y=True))
-        if theirs < ours:
-            break
-        last = b
-    return last
 
 
 def gemv_int8(x: paddle.Tensor, q: paddle.Tensor, scale: paddle.Tensor, bias: paddle.Tensor | None = None,
@@ -398,7 +361,7 @@ def paged_decode_attention(q: paddle.Tensor, k_cache: paddle.Tensor, v_cache: pa
 __all__ = [
     "GEMV_INT8_MAX_BATCH", "GEMV_MAX_BATCH", "ISAS", "KernelsNotBuiltError", "add_rms_norm", "available",
     "cpu_supports_avx2_fma", "dequantize_int8", "gemv", "gemv_int8", "gemv_int8_reference", "get_isa",
-    "fork_join_probe", "get_num_threads", "library_path", "linear", "linear_int8", "load", "measure_gemv_crossover", "paged_decode_attention", "quantize_int8",
+    "fork_join_probe", "get_num_threads", "library_path", "linear", "linear_int8", "load", "paged_decode_attention", "quantize_int8",
     "quantize_int8_numpy", "read_bandwidth_probe", "rms_norm", "rotary_kv_write", "select_isa", "set_gemv_max_batch", "set_num_threads", "set_threading_policy",
     "supported_isas",
 ]
