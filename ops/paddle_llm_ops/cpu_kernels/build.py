@@ -183,6 +183,7 @@ def ensure_built(force: bool = False, build_root: Path | None = None, quiet: boo
             "hash": digest, "sources": [p.name for p in source_files()], "cflags": CXX_FLAGS,
             "ldflags": openmp_link_flags(), "paddle": _paddle_version(), "python": sys.version.split()[0],
             "seconds": round(time.perf_counter() - t0, 1)}, indent=1))
+        os.chmod(staging, 0o755)  # mkdtemp made it private; the server may run as another user
         if lib.parent.exists():
             shutil.rmtree(lib.parent)
         os.replace(staging, lib.parent)
