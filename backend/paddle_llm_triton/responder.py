@@ -80,6 +80,11 @@ class _Pending:
     seqs: dict[int, _SeqBuffer] = field(default_factory=dict)  # sequence index -> buffer
     sent_any: bool = False
     cancelled: bool = False
+    # discard() sets `closed` under `lock` before execute() answers the request itself: the sweep
+    # never calls is_cancelled() on a sender whose final response another thread sent (that
+    # crashed tritonserver 2.51).
+    closed: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def buffer(self, seq_index: int) -> _SeqBuffer:
         b = self.seqs.get(seq_index)
@@ -109,9 +114,13 @@ class Responder:
             self._live[request_id] = _Pending(sender, opts)
 
     def discard(self, request_id: str) -> None:
-        """Forget a registered request that never reached the engine."""
+        """Forget a registered request that never reached the engine. On return the response thread
+        neither uses its sender nor will, so the caller may send its final response."""
         with self._lock:
-            self._live.pop(request_id, None)
+            p = self._live.pop(request_id, None)
+        if p is not None:
+            with p.lock:  # waits for an is_cancelled() of the sweep in progress
+                p.closed = True
 
     def push(self, out: RequestOutput) -> None:
         """Engine-thread callback: enqueue only."""
@@ -149,7 +158,9 @@ class Responder:
         with self._lock:
             live = list(self._live.items())
         for rid, p in live:
-            if not p.cancelled and p.sender.is_cancelled():
+            with p.lock:
+                cancelled = not p.closed and not p.cancelled and p.sender.is_cancelled()
+            if cancelled:
                 p.cancelled = True
                 log.info("request %s cancelled by the client%s: aborting", rid,
                          "" if p.sent_any else " before any response")
