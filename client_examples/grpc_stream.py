@@ -2,7 +2,7 @@
 
     .venv/bin/python client_examples/grpc_stream.py "What is the capital of France?" [--url 127.0.0.1:8001]
 
-The ensemble takes TensorRT-LLM tensor names; max_batch_size is 1, so every input has shape [1, 1].
+The ensemble takes TensorRT-LLM tensor names; one row per request here, so every input has shape [1, 1].
 """
 
 import argparse

@@ -91,7 +91,7 @@ def _tensor(name: str, arr: np.ndarray) -> grpcclient.InferInput:
 
 
 def build_inputs(model: str, question: str, args) -> list:
-    if model == "ensemble":  # max_batch_size 1: every input is [1, 1]
+    if model == "ensemble":  # one row: every input is [1, 1] (batch dimension first)
         def scalar(name, value, dtype):
             return _tensor(name, np.array([[value]], dtype=dtype))
         inputs = [scalar("text_input", question.encode("utf-8"), np.object_),
