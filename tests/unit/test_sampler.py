@@ -6,18 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from paddle_llm_engine.sampler import sample as sample_step
 from paddle_llm_engine.sampling_params import SamplingParams
 from paddle_llm_engine.sequence import Sequence
-
-
-def sample(logits, seqs):
-    """The sampler's token ids; each row's logprob is recorded on its sequence as the engine does
-    when it applies a step's result."""
-    tokens, logprobs = sample_step(logits, seqs)
-    for seq, lp in zip(seqs, logprobs):
-        seq.record_logprob(*lp)
-    return tokens
+from sampling_reference import sample  # the sampler's tokens, logprobs recorded as the engine does
 
 
 EOS = 2
