@@ -1,7 +1,11 @@
 """Run tritonserver in the foreground with this repository: `make serve` (scripts/serve.sh) execs it.
 
-Prints the start-up time (until /v2/health/ready answers 200) and forwards Ctrl-C / SIGTERM / SIGHUP
-to the server; the watchdog, the server's environment and the clean stop are
+Prints the start-up time (until /v2/health/ready answers 200). By default the server is supervised
+(paddle_llm_triton/launcher/supervisor.py: a model whose stub dies or whose engine fails is reloaded
+by itself) and Ctrl-C / SIGTERM / SIGHUP drain it (launcher/shutdown.py: readiness false at once,
+new requests UNAVAILABLE, requests in flight finish within --drain-grace seconds, exit code 0).
+--no-supervise runs plain tritonserver (default model control, no drain: the signal goes straight to
+tritonserver). The watchdog, the server's environment and the clean stop are
 paddle_llm_triton.launcher's (see its server.py).
 """
 
@@ -32,6 +36,10 @@ def main(argv=None) -> int:
     ap.add_argument("--exit-timeout-secs", type=int, default=5)
     ap.add_argument("--kill-after", type=float, default=float(env.get("TRITON_KILL_AFTER", 15)),
                     help="seconds after SIGTERM before the watchdog SIGKILLs server and stubs")
+    ap.add_argument("--no-supervise", action="store_true",
+                    help="plain tritonserver: no supervisor (no reload of a failed model), no drain on SIGTERM")
+    ap.add_argument("--drain-grace", type=float, default=float(env.get("DRAIN_GRACE_S", 30)),
+                    help="seconds the requests in flight get to finish after SIGTERM (default 30)")
     ap.add_argument("--ready-timeout", type=float, default=0,
                     help="give up (and stop the server) if not ready after this many seconds; 0 = wait")
     ap.add_argument("extra", nargs="*", help=argparse.SUPPRESS)
@@ -49,18 +57,21 @@ def main(argv=None) -> int:
     server = start_server(args.model_repo, args.http_port, args.grpc_port, args.metrics_port,
                           model_dir=args.model_dir, log_path=args.log_file, backend_dir=args.backend_dir,
                           extra_args=args.extra, exit_timeout=args.exit_timeout_secs,
-                          kill_after=args.kill_after)
+                          kill_after=args.kill_after, supervise=not args.no_supervise,
+                          log=lambda line: print(line, flush=True))
     print(f"launch_triton: tritonserver pid {server.pid}, model repository {Path(args.model_repo).resolve()}, "
           f"{MODEL_DIR_ENV}={Path(args.model_dir).resolve()}", flush=True)
 
     ready_reported = False
-    while not stop_signal and server.proc.poll() is None:
+    while not stop_signal and server.running():
         if not ready_reported and server.is_ready():
             server.ready_after = time.monotonic() - server.started_at
             print(f"launch_triton: ready in {server.ready_after:.2f} s: http 127.0.0.1:{args.http_port}, "
                   f"grpc 127.0.0.1:{args.grpc_port}, metrics 127.0.0.1:{args.metrics_port}", flush=True)
             ready_reported = True
             server.remember_stubs()
+            if server.supervisor is not None:
+                server.supervisor.start()
         elif (not ready_reported and args.ready_timeout
               and time.monotonic() - server.started_at > args.ready_timeout):
             print(f"launch_triton: not ready after {args.ready_timeout:.0f} s, stopping", flush=True)
@@ -71,6 +82,8 @@ def main(argv=None) -> int:
     if stop_signal:
         print(f"launch_triton: signal {signal.Signals(stop_signal[0]).name}, stopping tritonserver "
               f"(watchdog {args.kill_after:.0f} s)", flush=True)
+        if server.supervisor is not None and ready_reported and server.running():
+            server.drain(args.drain_grace, log=lambda line: print(line, flush=True))
     code = server.stop()
     if server.killed:
         print("launch_triton: tritonserver did not exit in time: killed it and its stubs", flush=True)

@@ -5,7 +5,10 @@ are applied between steps. Each request's outputs go to the callback given at su
 on the engine thread: callbacks must be quick (the Triton glue only enqueues).
 If a step raises, every request in flight gets an error output, the loop stops, `healthy` turns
 False, `on_failure(reason)` is called once, and every later submit raises EngineDeadError (the
-Triton glue answers it at once with an INTERNAL error naming the original failure).
+Triton glue answers it at once with an INTERNAL error naming the original failure). A step that
+never returns cannot raise: a watchdog on another thread reads `step_started_at` and calls
+`declare_failed(reason)`, which does the same from its own thread (the stuck step's outputs, should
+it ever return, go nowhere).
 """
 
 from __future__ import annotations
@@ -38,8 +41,11 @@ class EngineLoop:
         self.on_failure = on_failure
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._callbacks: dict[str, OutputCallback] = {}
+        # guards _callbacks and the failure hand-over between the engine thread and declare_failed()
+        self._lock = threading.Lock()
         self._stopping = False
         self.error: str | None = None
+        self.step_started_at: float | None = None  # time.monotonic() of the step in progress
         self._thread = threading.Thread(target=self._run, name="llm-engine", daemon=True)
         self._thread.start()
 
@@ -64,6 +70,30 @@ class EngineLoop:
     def abort(self, request_id: str) -> None:
         self._commands.put(("abort", request_id))
 
+    def fail_all(self, message: str, error_code: str = "unavailable") -> None:
+        """Between steps: abort every request in flight (KV blocks freed) and end each with an error
+        output (finish_reason "error", `error_code`) carrying `message`; the loop keeps serving.
+        Used when a drain's grace period ends."""
+        self._commands.put(("fail_all", message, error_code))
+
+    @property
+    def num_in_flight(self) -> int:
+        """Requests submitted and not finished (approximate when read from another thread)."""
+        return len(self._callbacks) + self._commands.qsize()
+
+    def declare_failed(self, reason: str) -> bool:
+        """From any thread (a watchdog): the engine is considered failed now, as if its step had
+        raised `reason`. False when it had already failed or stopped."""
+        with self._lock:
+            if self.error is not None or self._stopping:
+                return False
+            self.error = reason
+            self._stopping = True
+            callbacks, self._callbacks = self._callbacks, {}
+        self._fail_callbacks(callbacks, f"engine failure: {reason}")
+        self._commands.put(("stop",))  # should the stuck step return, the thread then exits
+        return True
+
     def shutdown(self, timeout: float = 10.0) -> None:
         self._stopping = True
         self._commands.put(("stop",))
@@ -83,12 +113,23 @@ class EngineLoop:
                 if getattr(e, "field", None) is None:
                     log.warning("request %s rejected: %s", rid, e)
                 return
-            self._callbacks[rid] = cb
+            with self._lock:
+                self._callbacks[rid] = cb
         elif kind == "abort":
             out = self.engine.abort_request(cmd[1])
-            cb = self._callbacks.pop(cmd[1], None)
+            with self._lock:
+                cb = self._callbacks.pop(cmd[1], None)
             if out is not None and cb is not None:
                 cb(out)
+        elif kind == "fail_all":
+            with self._lock:
+                callbacks, self._callbacks = self._callbacks, {}
+            for rid in callbacks:
+                self.engine.abort_request(rid)
+            log.warning("failing %d requests in flight: %s", len(callbacks), cmd[1])
+            for rid, cb in callbacks.items():
+                cb(RequestOutput(request_id=rid, finished=True, finish_reason="error", error=cmd[1],
+                                 error_code=cmd[2]))
 
     def _drain_commands(self) -> bool:
         """Apply queued commands; block for one when the engine is idle. False on "stop"."""
@@ -113,33 +154,53 @@ class EngineLoop:
                 return
             if not self.engine.has_unfinished_requests():
                 continue
+            self.step_started_at = time.monotonic()
             try:
                 outputs = self.engine.step()
             except Exception as e:  # engine failure: fail everyone, stop, report not ready
-                self.error = f"{type(e).__name__}: {e}"
-                log.error("engine step failed, failing %d requests:\n%s", len(self._callbacks),
-                          traceback.format_exc())
-                for rid, cb in list(self._callbacks.items()):
-                    cb(RequestOutput(request_id=rid, finished=True, finish_reason="error",
-                                     error=f"engine failure: {self.error}", error_code="internal"))
-                self._callbacks.clear()
-                if self.on_failure is not None:
-                    try:
-                        self.on_failure(self.error)
-                    except Exception:
-                        log.exception("failure callback failed")
+                self.step_started_at = None
+                self._on_step_error(f"{type(e).__name__}: {e}")
                 return
-            for out in outputs:
-                cb = self._callbacks.get(out.request_id)
-                if cb is None:
-                    continue
-                if out.finished:
-                    del self._callbacks[out.request_id]
+            self.step_started_at = None
+            with self._lock:
+                if self._stopping:
+                    return  # declared failed while the step ran: its outputs go nowhere
+                delivered = []
+                for out in outputs:
+                    cb = self._callbacks.get(out.request_id)
+                    if cb is None:
+                        continue
+                    if out.finished:
+                        del self._callbacks[out.request_id]
+                    delivered.append((cb, out))
+            for cb, out in delivered:
                 try:
                     cb(out)
                 except Exception:
                     log.exception("output callback of request %s failed", out.request_id)
             self._report_state()
+
+    def _on_step_error(self, reason: str) -> None:
+        with self._lock:
+            if self.error is not None:
+                return  # a watchdog declared the failure first
+            self.error = reason
+            callbacks, self._callbacks = self._callbacks, {}
+        log.error("engine step failed, failing %d requests:\n%s", len(callbacks), traceback.format_exc())
+        self._fail_callbacks(callbacks, f"engine failure: {reason}")
+
+    def _fail_callbacks(self, callbacks: dict, message: str) -> None:
+        for rid, cb in callbacks.items():
+            try:
+                cb(RequestOutput(request_id=rid, finished=True, finish_reason="error", error=message,
+                                 error_code="internal"))
+            except Exception:
+                log.exception("output callback of request %s failed", rid)
+        if self.on_failure is not None:
+            try:
+                self.on_failure(self.error)
+            except Exception:
+                log.exception("failure callback failed")
 
     def _report_state(self) -> None:
         if self.on_state is not None:

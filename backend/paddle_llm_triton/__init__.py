@@ -7,8 +7,11 @@ The model_repository/*/1/model.py files are thin; the work they delegate lives h
 - responder.py: the thread that turns engine outputs into Triton responses (and sees cancellation)
 - metrics.py: the thread that makes every pb_utils.MetricFamily call
 - stop_requests.py, abort_bus.py: TensorRT-LLM `stop` by request id, across instances
-- ensemble_pipeline.py: the `ensemble` BLS model (preprocessing -> llm -> postprocessing), the
-  state of its requests in ensemble_requests.py; ensemble_protocol.py: its internal protocol with `llm`
+- ensemble_pipeline.py: the `ensemble` BLS model (preprocessing -> an llm instance's engine ->
+  postprocessing), the state of its requests in ensemble_requests.py
+- engine_channel/: how the ensemble reaches the llm instances' engines (Unix sockets, not BLS);
+  ensemble_protocol.py: the messages on it; ensemble_steps.py: the llm side that serves them
+- delta_buffer.py: when a sequence's output is worth a response (both response paths)
 - errors.py: engine error codes -> Triton error codes
 - fault_injection.py: test-only engine failure
 - launcher/: start, watch and stop a tritonserver with this repository (tests, benchmarks, make serve)

@@ -11,6 +11,10 @@ Serving-only parameters (not engine settings):
 - default_max_tokens: max_tokens of a request that sends none (both models); 0 / empty (the
   default) = max_model_len - prompt tokens. Capped at what fits (max_model_len - prompt tokens), so
   a default never makes a request fail. 16 is vLLM's SamplingParams default (strict compatibility).
+- max_step_seconds: an engine step, or one response send to Triton, that has not returned after this
+  many seconds marks the instance failed (health.py); 0 turns the watchdog off. Default 120: far
+  above any step of a healthy engine (a whole 2048-token prefill of SmolLM2 takes ~1 s on 2 CPU
+  cores), low enough that a stuck instance is replaced within minutes.
 - fault_inject_after_steps: TESTS ONLY. N > 0 makes the engine step raise once N steps have run
   (fault_injection.py); 0 (the default) is off and nothing is installed.
 
@@ -39,6 +43,7 @@ class ServingOptions:
 
     gcu_device_ids: list[int] = dataclasses.field(default_factory=list)
     default_max_tokens: int = 0
+    max_step_seconds: float = 120.0
     fault_inject_after_steps: int = 0
 
 
@@ -101,6 +106,11 @@ def serving_options(model_config: dict) -> ServingOptions:
         opts.default_max_tokens = _convert("default_max_tokens", "int", dmt)
         if opts.default_max_tokens < 0:
             raise ValueError("config.pbtxt parameter default_max_tokens must be >= 0 (0 = max_model_len - prompt)")
+    mss = raw.get("max_step_seconds", "").strip()
+    if mss:
+        opts.max_step_seconds = _convert("max_step_seconds", "float", mss)
+        if opts.max_step_seconds < 0:
+            raise ValueError("config.pbtxt parameter max_step_seconds must be >= 0 (0 = watchdog off)")
     fault = raw.get("fault_inject_after_steps", "").strip()
     if fault:
         opts.fault_inject_after_steps = _convert("fault_inject_after_steps", "int", fault)

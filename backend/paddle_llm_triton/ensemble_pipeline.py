@@ -1,38 +1,35 @@
-"""The `ensemble` model as a decoupled Python (BLS) model: preprocessing -> llm -> postprocessing,
-called from here, so that client cancellation reaches the engine.
+"""The `ensemble` model as a decoupled Python (BLS) model: preprocessing -> the engine of an `llm`
+instance -> postprocessing, called from here, so that client cancellation reaches the engine.
 
 Why not a Triton ensemble: Triton 2.51 does not pass a client's cancellation into the steps of an
 ensemble, so `llm` would never learn that the client left and its request would run to the end.
 This model is the request the client talks to, so its own `response_sender.is_cancelled()` turns
 true when the client cancels (gRPC stop_stream(cancel_requests=True)) or drops the connection
-(gRPC or HTTP generate_stream). The 2.51 Python backend has no way to cancel an in-flight BLS
-request (its ResponseIterator has no cancel()), so there the abort travels as a request of its own:
-a `stop` request to `llm` carrying the inner request's id (stop_requests.py aborts it on whichever
-`llm` instance runs it). Where the iterator has cancel() (Triton >= 2.57), that is used first.
+(gRPC or HTTP generate_stream).
+Why the engine step is not a BLS call: decoupled BLS streams from several threads of one stub
+deadlock in Triton 2.51's Python backend (engine_channel/__init__.py), so the engine request goes
+over the engine channel to the least loaded `llm` instance; only the non-decoupled steps
+(preprocessing, postprocessing) are BLS calls.
 
 Per client request (one thread each; the engine's own threads do the heavy work):
 1. `stop` = true: TensorRT-LLM's stop signal. Every request of this model in flight under the same
    client request id is stopped as in 4; the stop request itself gets one empty final response.
 2. The request may carry B rows (inputs shaped [B, 1], max_batch_size >= B): each row is its own
-   request to the steps. preprocessing (BLS) runs for every row first; an error there ends the
-   client's request with that error before anything is generated.
-3. llm (decoupled BLS) per row, under a fresh unique request id, asking for finish_reason so that
-   the last response of each sequence is known when it arrives; num_return_sequences > 1 asks llm
-   for that many sequences of the row's prompt (they share its KV blocks in the engine).
-4. every llm response -> postprocessing (BLS) -> the client, with `batch_index` (B > 1),
+   engine request. preprocessing (BLS) runs for every row first; an error there ends the client's
+   request with that error before anything is generated.
+3. one engine request per row on the engine channel (ensemble_protocol.py); num_return_sequences
+   > 1 asks for that many sequences of the row's prompt (they share its KV blocks in the engine).
+4. every output frame -> postprocessing (BLS) -> the client, with `batch_index` (B > 1),
    `sequence_index` (n > 1), `num_input_tokens` / `num_output_tokens` and the perf metrics when
    asked. The response that ends the last sequence of the last row carries the FINAL flag
    (non-streamed, B = 1, n = 1: the only response, so HTTP generate gets exactly one).
 A watcher thread polls `is_cancelled()` of the client requests in flight every `poll_s`; on
-cancellation it cancels their llm requests (the BLS iterator's cancel() where it exists, else a
-`stop` to `llm`) and repeats the stop every `retry_s` until the inner stream ends (a stop can
-overtake its request on the way into `llm`), for at most `give_up_s`. Responses of a cancelled
-request are not sent. A row whose llm request fails ends the client's request with the error and
-stops the other rows.
-Every llm request carries ensemble_protocol.ENSEMBLE_STEP: llm then answers by the internal protocol
-described there (token ids in, TensorRT-LLM logprob outputs, a failure of a started request as an
-`error` output because Triton 2.51's BLS iterator loses error responses that follow data
-responses); this model turns that output into a Triton error for the client.
+cancellation it sends `abort` on their engine requests' connections (the llm instance frees their KV
+blocks before its next step and ends them); a row whose engine request has not ended `give_up_s`
+after that is closed (closing the connection aborts it too). Responses of a cancelled request are
+not sent. A row whose engine request fails ends the client's request with the error and stops the
+other rows; an llm instance that goes away mid-request ends it with UNAVAILABLE naming the
+instance, and a request that finds no instance serving is refused with UNAVAILABLE.
 Errors keep Triton's ensemble wording: "in ensemble '<name>', <message of the step>".
 The state of a request in flight and the response helpers are in ensemble_requests.py.
 """
@@ -47,6 +44,8 @@ import uuid
 import numpy as np
 
 from paddle_llm_triton import ensemble_protocol as protocol
+from paddle_llm_triton.drain import DrainingError
+from paddle_llm_triton.engine_channel.client import ChannelClient, ChannelClosed, ChannelUnavailable
 from paddle_llm_triton.ensemble_requests import (ClientRequest, Flight, Row, StepError, as_text, batch_row,
                                                  bls_error_code, ensemble_response)
 from paddle_llm_triton.errors import triton_code
@@ -87,11 +86,14 @@ def _pb():
 
 class EnsemblePipeline:
     def __init__(self, name: str = "ensemble", preprocessing: str = "preprocessing", llm: str = "llm",
-                 postprocessing: str = "postprocessing", poll_s: float = 0.1, retry_s: float = 1.0,
-                 give_up_s: float = 30.0):
+                 postprocessing: str = "postprocessing", poll_s: float = 0.1, give_up_s: float = 30.0,
+                 channel: ChannelClient | None = None):
         self.name = name
         self.pre_model, self.llm_model, self.post_model = preprocessing, llm, postprocessing
-        self.poll_s, self.retry_s, self.give_up_s = poll_s, retry_s, give_up_s
+        self.poll_s, self.give_up_s = poll_s, give_up_s
+        self.channel = channel or ChannelClient(llm)
+        self.drain = None  # a drain.Drain set by the model: refuses new requests while draining
+        self._in_flight = 0  # client requests handed to their thread and not answered to the end
         self._flights: dict[str, Flight] = {}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -101,31 +103,46 @@ class EnsemblePipeline:
     # -- entry ------------------------------------------------------------------------------------
     def submit(self, request) -> None:
         """execute(): hand the request to its own thread and return at once."""
+        with self._lock:
+            self._in_flight += 1
         threading.Thread(target=self._run, args=(request,), name="ensemble-request", daemon=True).start()
+
+    @property
+    def in_flight(self) -> int:
+        """Client requests not answered to their final response yet."""
+        return self._in_flight
 
     def shutdown(self) -> None:
         self._stopping.set()
         with self._lock:
             flights = list(self._flights.values())
         for f in flights:  # the server is going away: do not leave the engine generating
-            self._send_stop(f.inner_id)
+            self._stop_flight(f)
         self._watcher.join(5)
 
     # -- one request ------------------------------------------------------------------------------
     def _run(self, request) -> None:
         pb = _pb()
-        sender = request.get_response_sender()
         try:
-            stop = pb.get_input_tensor_by_name(request, "stop")
-            if stop is not None and bool(stop.as_numpy().reshape(-1).any()):
-                self._client_stop(request, sender)
-                return
-            self._generate(request, sender)
-        except StepError as e:
-            self._send_error(sender, str(e), e.code)
-        except Exception as e:  # a bug here must still end the client's request
-            log.exception("ensemble request failed")
-            self._send_error(sender, f"{type(e).__name__}: {e}", pb.TritonError.INTERNAL)
+            sender = request.get_response_sender()
+            try:
+                stop = pb.get_input_tensor_by_name(request, "stop")
+                if stop is not None and bool(stop.as_numpy().reshape(-1).any()):
+                    self._client_stop(request, sender)
+                    return
+                if self.drain is not None:
+                    self.drain.refuse_if_draining()
+                self._generate(request, sender)
+            except StepError as e:
+                self._send_error(sender, str(e), e.code)
+            except DrainingError as e:
+                self._send_error(sender, str(e), pb.TritonError.UNAVAILABLE)
+            except Exception as e:  # a bug here must still end the client's request
+                log.exception("ensemble request failed")
+                self._send_error(sender, f"{type(e).__name__}: {e}", pb.TritonError.INTERNAL)
+        finally:
+            with self._lock:
+                self._in_flight -= 1
 
     def _generate(self, request, sender) -> None:
         pb = _pb()
@@ -178,67 +195,64 @@ class EnsemblePipeline:
                     row["text_input"], 1 if n is None else int(n.reshape(-1)[0]), flag("return_perf_metrics"),
                     flag("return_num_input_tokens"), flag("return_num_output_tokens"))
 
-    def _llm_request(self, f: Flight, r: Row):
-        pb = _pb()
+    def _engine_request(self, f: Flight, r: Row) -> dict:
         pre = r.pre
-        inputs = [pb.Tensor(protocol.ENSEMBLE_STEP, np.array([True])),
-                  pb.Tensor(protocol.INPUT_IDS, pre["INPUT_IDS"].reshape(-1).astype(np.int32)),
-                  pb.Tensor("sampling_parameters", pre["SAMPLING_PARAMETERS"].reshape(1)),
-                  pb.Tensor("stream", pre["STREAM"].reshape(1)),
-                  pb.Tensor("text_input", r.text.reshape(1)),
-                  pb.Tensor("exclude_input_in_output", pre["EXCLUDE_INPUT_IN_OUTPUT"].reshape(1)),
-                  pb.Tensor("return_logprobs", pre["RETURN_LOG_PROBS"].reshape(1)),
-                  pb.Tensor("return_finish_reason", np.array([True]))]
-        if r.n != 1:
-            inputs.append(pb.Tensor(protocol.NUM_SEQUENCES, np.array([r.n], dtype=np.int32)))
-        if r.perf:
-            inputs.append(pb.Tensor(protocol.RETURN_PERF_METRICS, np.array([True])))
-        if r.num_input_tokens:
-            inputs.append(pb.Tensor("return_num_input_tokens", np.array([True])))
-        if r.num_output_tokens:
-            inputs.append(pb.Tensor("return_num_output_tokens", np.array([True])))
-        return pb.InferenceRequest(model_name=self.llm_model, request_id=f.inner_id, inputs=inputs,
-                                   requested_output_names=list(protocol.LLM_OUTPUTS))
+        stream = bool(pre["STREAM"].reshape(-1)[0])
+        exclude = bool(pre["EXCLUDE_INPUT_IN_OUTPUT"].reshape(-1)[0])
+        sp = pre["SAMPLING_PARAMETERS"].reshape(-1)[0]
+        # TensorRT-LLM: a non-streamed answer starts with the prompt unless exclude_input_in_output;
+        # a stream never repeats it
+        prompt_text = None if stream or exclude else as_text(r.text.reshape(-1)[0])
+        return protocol.generate_request(
+            pre["INPUT_IDS"].reshape(-1).tolist(), as_text(sp), r.n, stream, prompt_text,
+            bool(pre["RETURN_LOG_PROBS"].reshape(-1)[0]), r.perf, f.client.client_id)
 
     def _stream_row(self, f: Flight, r: Row, batched: bool) -> None:
-        """Relay one row's llm responses to the client (on its own thread for rows after the first)."""
+        """Relay one row's engine outputs to the client (on its own thread for rows after the first)."""
         pb = _pb()
         client = f.client
         try:
-            f.responses = self._llm_request(f, r).exec(decoupled=True)
-            if client.cancelled:  # the watcher saw the cancellation before the iterator existed
+            f.stream = self.channel.open(self._engine_request(f, r))
+            if client.cancelled:  # the watcher saw the cancellation before the stream existed
                 self._stop_flight(f)
-            for resp in f.responses:
-                if resp.has_error():
-                    # an error is the last response of the llm request (2.51's iterator does not
-                    # always end after it: do not wait for more)
-                    err = resp.error()
-                    self._fail(client, err.message(), bls_error_code(err))
-                    break
-                if client.cancelled or client.done:
-                    continue  # nobody is listening any more: drain to the end of the inner stream
-                out = {n: pb.get_output_tensor_by_name(resp, n) for n in protocol.LLM_OUTPUTS}
-                if out[protocol.ERROR] is not None:  # llm failed the request after it started
-                    message, code = protocol.decode_error(out[protocol.ERROR].as_numpy().reshape(-1)[0])
-                    self._fail(client, message, triton_code(code))
-                    break
-                if out["text_output"] is None:
-                    continue  # an empty final response
-                reason = out["finish_reason"]
-                reason = "" if reason is None else as_text(reason.as_numpy().reshape(-1)[0])
+            while True:
                 try:
-                    tensors = self._post(out) + self._extra_outputs(r, out, batched)
-                except StepError as e:
-                    self._fail(client, str(e), e.code)
+                    frame = f.stream.next(timeout=self.poll_s * 10)
+                except TimeoutError:
+                    if f.first_stop_at is not None and time.monotonic() - f.first_stop_at > self.give_up_s:
+                        log.error("%s: engine request %s on %s still running %.0f s after its client cancelled; "
+                                  "closing its connection", self.name, f.inner_id, f.stream.instance, self.give_up_s)
+                        f.stream.close()
+                        break
                     continue
-                client.send(ensemble_response(tensors, reason), ends_sequence=reason != "")
-        except Exception as e:  # the inner stream broke: end the client's request with the reason
-            log.exception("%s: llm request %s failed", self.name, f.inner_id)
+                if frame.get("type") == "error":
+                    self._fail(client, str(frame.get("message")), triton_code(frame.get("code")))
+                    break
+                if not (client.cancelled or client.done):  # else nobody listens: read to the end
+                    try:
+                        tensors = self._post(frame) + self._extra_outputs(r, frame, batched)
+                    except StepError as e:
+                        self._fail(client, str(e), e.code)
+                    else:
+                        reason = str(frame.get("finish_reason") or "")
+                        client.send(ensemble_response(tensors, reason), ends_sequence=bool(frame.get("seq_finished")))
+                if frame.get("finished"):
+                    break
+        except ChannelUnavailable as e:
+            self._fail(client, f"{self.llm_model}: {e}", pb.TritonError.UNAVAILABLE)
+        except ChannelClosed as e:
+            if not client.cancelled:
+                log.error("%s: engine request %s: %s", self.name, f.inner_id, e)
+            self._fail(client, str(e), pb.TritonError.UNAVAILABLE)
+        except Exception as e:  # a bug here must still end the client's request, with the reason
+            log.exception("%s: engine request %s failed", self.name, f.inner_id)
             try:
                 self._fail(client, f"{type(e).__name__}: {e}", pb.TritonError.INTERNAL)
             except Exception:
                 pass
         finally:
+            if f.stream is not None:
+                f.stream.close()
             f.ended = True
             with self._lock:
                 self._flights.pop(f.inner_id, None)
@@ -251,37 +265,37 @@ class EnsemblePipeline:
                 except Exception:  # the client is gone
                     pass
             if client.cancelled:
-                log.info("%s: request %r cancelled by the client; llm request %s ended %.2f s after the "
-                         "first stop", self.name, client.client_id, f.inner_id,
+                log.info("%s: request %r cancelled by the client; engine request %s ended %.2f s after the "
+                         "abort", self.name, client.client_id, f.inner_id,
                          time.monotonic() - (f.first_stop_at or time.monotonic()))
 
-    def _extra_outputs(self, r: Row, out: dict, batched: bool) -> list:
+    def _extra_outputs(self, r: Row, frame: dict, batched: bool) -> list:
         """TensorRT-LLM's optional outputs, each [1, 1]: batch_index (B > 1), sequence_index (n > 1),
-        num_input_tokens / num_output_tokens and the perf metrics when asked."""
+        num_input_tokens / num_output_tokens (a streamed response: its own tokens) and the perf
+        metrics when asked."""
         pb = _pb()
         extra = []
         if batched:
             extra.append(pb.Tensor("batch_index", np.array([[r.index]], dtype=np.int32)))
         if r.n > 1:
-            seq = out[protocol.SEQUENCE_INDEX]
-            seq = 0 if seq is None else int(seq.as_numpy().reshape(-1)[0])
-            extra.append(pb.Tensor("sequence_index", np.array([[seq]], dtype=np.int32)))
-        for flag, name in ((r.num_input_tokens, "num_input_tokens"), (r.num_output_tokens, "num_output_tokens")):
-            if flag and out[name] is not None:
-                extra.append(pb.Tensor(name, out[name].as_numpy().astype(np.int32).reshape(1, 1)))
-        if r.perf and out[protocol.PERF_METRICS] is not None:
-            values = protocol.decode_perf_metrics(out[protocol.PERF_METRICS].as_numpy().reshape(-1)[0])
+            extra.append(pb.Tensor("sequence_index", np.array([[int(frame.get("seq", 0))]], dtype=np.int32)))
+        if r.num_input_tokens:
+            extra.append(pb.Tensor("num_input_tokens", np.array([[frame.get("num_prompt_tokens", 0)]], dtype=np.int32)))
+        if r.num_output_tokens:
+            stream = bool(r.pre["STREAM"].reshape(-1)[0])
+            n = len(frame.get("ids") or []) if stream else frame.get("num_output_tokens", 0)
+            extra.append(pb.Tensor("num_output_tokens", np.array([[n]], dtype=np.int32)))
+        if r.perf:
+            values = frame.get("perf") or {}
             for name, dtype in protocol.PERF_OUTPUTS:
-                extra.append(pb.Tensor(name, np.array([[values[name]]], dtype=dtype)))
+                extra.append(pb.Tensor(name, np.array([[values.get(name, 0)]], dtype=dtype)))
         return extra
 
-    def _post(self, out: dict) -> list:
+    def _post(self, frame: dict) -> list:
         pb = _pb()
-        text = out["text_output"].as_numpy().reshape(1, -1)[:, :1]
-        lps = out["output_log_probs"]
-        lps = np.zeros((1, 0), np.float32) if lps is None else lps.as_numpy().astype(np.float32).reshape(1, -1)
-        cum = out["cumulative_logprob"]
-        cum = np.zeros((1, 1), np.float32) if cum is None else cum.as_numpy().astype(np.float32).reshape(1, 1)
+        text = np.array([[str(frame.get("text", "")).encode("utf-8")]], dtype=np.object_)
+        lps = np.asarray(frame.get("logprobs") or [], dtype=np.float32).reshape(1, -1)
+        cum = np.array([[float(frame.get("cum", 0.0))]], dtype=np.float32)
         resp = self._exec(pb.InferenceRequest(
             model_name=self.post_model, requested_output_names=POST_OUTPUTS,
             inputs=[pb.Tensor("TEXT_DELTA", text), pb.Tensor("OUTPUT_LOG_PROBS", lps), pb.Tensor("CUM_LOG_PROB", cum)]))
@@ -305,8 +319,7 @@ class EnsemblePipeline:
         with self._lock:
             targets = [f for f in self._flights.values() if f.client.client_id == cid]
         for f in targets:
-            f.stop_sent_at = f.stop_sent_at or time.monotonic()
-            self._send_stop(f.inner_id)
+            self._stop_flight(f)
         log.info("%s: stop request for id %r: %d request(s) stopped", self.name, cid, len(targets))
         sender.send(ensemble_response([
             pb.Tensor("text_output", np.array([b""], dtype=np.object_)),
@@ -319,56 +332,23 @@ class EnsemblePipeline:
         while not self._stopping.wait(self.poll_s):
             with self._lock:
                 flights = list(self._flights.values())
-            now = time.monotonic()
             for client in {id(f.client): f.client for f in flights}.values():
                 try:
                     if client.poll_cancelled():
-                        log.info("%s: request %r cancelled by the client: stopping its llm request(s) %s",
+                        log.info("%s: request %r cancelled by the client: aborting its engine request(s) %s",
                                  self.name, client.client_id, ", ".join(f.inner_id for f in client.flights))
                         for f in client.flights:
                             if not f.ended:
                                 self._stop_flight(f)
                 except Exception:
                     log.exception("cancellation check failed")
-            for f in flights:
-                try:
-                    if f.client.cancelled and not f.ended and not f.gave_up and \
-                            now - (f.stop_sent_at or now) >= self.retry_s:
-                        if now - (f.first_stop_at or now) > self.give_up_s:
-                            f.gave_up = True
-                            log.error("%s: llm request %s still running %.0f s after its client cancelled; "
-                                      "giving up on stopping it", self.name, f.inner_id, now - f.first_stop_at)
-                            continue
-                        f.stop_sent_at = now  # the inner stream has not ended: the stop may have overtaken it
-                        self._send_stop(f.inner_id)
-                except Exception:
-                    log.exception("cancellation retry failed")
 
     def _stop_flight(self, f: Flight) -> None:
-        """Stop one llm request: cancel() on its BLS response iterator where this Triton has it
-        (>= 2.57: llm sees is_cancelled() and aborts), else a `stop` request with its id."""
-        now = time.monotonic()
-        f.stop_sent_at = now
-        f.first_stop_at = f.first_stop_at or now
-        cancel = getattr(f.responses, "cancel", None)
-        if cancel is not None:
-            try:
-                cancel()
-                return
-            except Exception as e:
-                log.warning("cancel() of llm request %s failed (%s); sending a stop", f.inner_id, e)
-        self._send_stop(f.inner_id)
-
-    def _send_stop(self, inner_id: str) -> None:
-        pb = _pb()
-        req = pb.InferenceRequest(model_name=self.llm_model, request_id=inner_id, requested_output_names=["text_output"],
-                                  inputs=[pb.Tensor("stop", np.array([True]))])
-        try:
-            for resp in req.exec(decoupled=True):
-                if resp.has_error():
-                    log.warning("stop of llm request %s failed: %s", inner_id, resp.error().message())
-        except Exception as e:
-            log.warning("stop of llm request %s failed: %s", inner_id, e)
+        """Abort one engine request: an `abort` frame on its connection (the llm instance ends it
+        with its last frames; the row thread closes the connection after `give_up_s` if not)."""
+        f.first_stop_at = f.first_stop_at or time.monotonic()
+        if f.stream is not None:
+            f.stream.cancel()
 
     # -- helpers ----------------------------------------------------------------------------------
     def _exec(self, req):

@@ -1,5 +1,5 @@
 """The state of one `ensemble` request while ensemble_pipeline.py relays it, and the helpers that
-build its responses: ClientRequest (the client's sender, guarded), Flight (one llm request of a row),
+build its responses: ClientRequest (the client's sender, guarded), Flight (one engine request of a row),
 Row (what preprocessing made of a row)."""
 
 from __future__ import annotations
@@ -63,15 +63,13 @@ class ClientRequest:
 
 @dataclass
 class Flight:
-    """One llm request in flight (a row of a client request)."""
+    """One engine request in flight (a row of a client request)."""
 
     client: ClientRequest
-    inner_id: str
-    responses: object = None            # the BLS response iterator (cancel() on Triton >= 2.57)
+    inner_id: str                       # this pipeline's id of the row (logs)
+    stream: object = None               # its engine_channel.client.ChannelStream once opened
     ended: bool = False
-    stop_sent_at: float | None = None   # last stop / cancel sent to llm
-    first_stop_at: float | None = None
-    gave_up: bool = False
+    first_stop_at: float | None = None  # time.monotonic() of the first abort sent
 
 
 @dataclass

@@ -3,9 +3,9 @@ Triton responses, so the engine thread never blocks on Triton's IPC.
 
 Streaming requests get one response per output that carries text (held-back tokens ride along
 with the next one); non-streaming requests get exactly one response at the end (HTTP /generate
-accepts only one). Every request ends with a response flagged FINAL. A request with n > 1 sequences
-(the ensemble's num_return_sequences) is buffered per sequence: non-streamed, one response per
-sequence when it ends, the last one FINAL.
+accepts only one): delta_buffer.py. Every request ends with a response flagged FINAL. Only direct
+clients of `llm` come through here (the ensemble's requests arrive on the engine channel,
+ensemble_steps.py), so all pb_utils calls of this path are on two threads: execute() and this one.
 
 Client cancellation: every `poll_s` (0.1 s) this thread sweeps every request in flight, streamed or
 not, whether or not anything was sent yet, and calls response_sender.is_cancelled() once each (as
@@ -34,7 +34,7 @@ from typing import Callable
 import numpy as np
 
 from paddle_llm_engine.outputs import RequestOutput
-from paddle_llm_triton import ensemble_protocol
+from paddle_llm_triton.delta_buffer import Flush, SequenceBuffers
 from paddle_llm_triton.errors import triton_code
 
 log = logging.getLogger(__name__)
@@ -52,32 +52,14 @@ class ResponseOptions:
     return_logprobs: bool = False
     logprobs_null: bool = False             # return_logprobs without `logprobs` asked: JSON null (vLLM)
     skip_special_tokens: bool = True        # how decoded_token renders special tokens (as text_output)
-    intermediate_finish_reason: str = "None"  # vLLM: str(None); the ensemble protocol uses ""
     return_cumulative_logprob: bool = False
-    return_output_ids: bool = False
-    zero_logprobs: bool = False             # report 0.0 logprobs (TensorRT-LLM when not asked)
-    return_sequence_index: bool = False     # ensemble protocol: which sequence (n > 1) a response is of
-    return_perf_metrics: bool = False       # ensemble protocol: the request's perf metrics (JSON)
-    # the ensemble pipeline's requests: a failure as a final response with the `error` output
-    # (ensemble_protocol.py), not as an error response
-    errors_as_output: bool = False
-
-
-@dataclass
-class _SeqBuffer:
-    """What one sequence produced since its last response."""
-
-    text: list[str] = field(default_factory=list)
-    ids: list[int] = field(default_factory=list)
-    logprobs: list = field(default_factory=list)
-    sent_any: bool = False
 
 
 @dataclass
 class _Pending:
     sender: object
     opts: ResponseOptions
-    seqs: dict[int, _SeqBuffer] = field(default_factory=dict)  # sequence index -> buffer
+    buffers: SequenceBuffers
     sent_any: bool = False
     cancelled: bool = False
     # discard() sets `closed` under `lock` before execute() answers the request itself: the sweep
@@ -85,12 +67,6 @@ class _Pending:
     # crashed tritonserver 2.51).
     closed: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def buffer(self, seq_index: int) -> _SeqBuffer:
-        b = self.seqs.get(seq_index)
-        if b is None:
-            b = self.seqs[seq_index] = _SeqBuffer()
-        return b
 
 
 class Responder:
@@ -106,12 +82,13 @@ class Responder:
         self._live: dict[str, _Pending] = {}
         self._lock = threading.Lock()
         self._stop = False
+        self.send_started: float | None = None  # time.monotonic() of the send in progress
         self._thread = threading.Thread(target=self._run, name="llm-responder", daemon=True)
         self._thread.start()
 
     def register(self, request_id: str, sender, opts: ResponseOptions) -> None:
         with self._lock:
-            self._live[request_id] = _Pending(sender, opts)
+            self._live[request_id] = _Pending(sender, opts, SequenceBuffers(opts.stream, opts.prompt_text))
 
     def discard(self, request_id: str) -> None:
         """Forget a registered request that never reached the engine. On return the response thread
@@ -178,13 +155,6 @@ class Responder:
         if out.finished and self._on_finished is not None:
             self._on_finished(out)
         if out.finish_reason == "error":
-            if p.opts.errors_as_output:
-                err = ensemble_protocol.encode_error(out.error_code, out.error)
-                self._send(p, pb_utils.InferenceResponse(output_tensors=[
-                    pb_utils.Tensor("text_output", np.array([b""], dtype=np.object_)),
-                    pb_utils.Tensor("finish_reason", np.array([b"error"], dtype=np.object_)),
-                    pb_utils.Tensor(ensemble_protocol.ERROR, np.array([err], dtype=np.object_))]), final=True)
-                return
             err = pb_utils.TritonError(out.error or "error", triton_code(out.error_code))
             self._send(p, pb_utils.InferenceResponse(error=err), final=True)
             return
@@ -192,31 +162,27 @@ class Responder:
             if out.finished:
                 self._send(p, None, final=True)
             return
-        buf = p.buffer(out.sequence_index)
-        buf.text.append(out.text)
-        buf.ids.extend(out.token_ids)
-        buf.logprobs.extend(out.logprobs)
-        ready = out.sequence_finished or (p.opts.stream and "".join(buf.text) != "")
-        if not ready:
-            return
-        resp = self._build(p, buf, out)
-        buf.text, buf.ids, buf.logprobs = [], [], []
-        buf.sent_any = True
-        self._send(p, resp, final=out.finished)
+        flush = p.buffers.add(out)
+        if flush is not None:
+            self._send(p, self._build(p, flush, out), final=out.finished)
 
     def _send(self, p: _Pending, resp, final: bool) -> None:
         import triton_python_backend_utils as pb_utils
 
         flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
-        p.sender.send(resp, flags=flags)
+        self.send_started = time.monotonic()  # read by the health watchdog: a send that never returns
+        try:
+            p.sender.send(resp, flags=flags)
+        finally:
+            self.send_started = None
         p.sent_any = True
 
-    def _logprob_entries(self, buf: _SeqBuffer, o: ResponseOptions) -> list[dict]:
+    def _logprob_entries(self, flush: Flush, o: ResponseOptions) -> list[dict]:
         """Per token {token id: {"logprob", "rank", "decoded_token"}}: the sampled token first, with its
         rank in the vocabulary (the sampler's), then the top alternatives ranked 1..logprobs."""
         skip = o.skip_special_tokens
         entries = []
-        for tok, (lp, top) in zip(buf.ids, buf.logprobs):
+        for tok, (lp, top) in zip(flush.ids, flush.logprobs):
             mine = {"logprob": lp, "rank": getattr(top, "rank", None), "decoded_token": self._decode_token(tok, skip)}
             d = {str(tok): mine}
             for rank, (alt, alp) in enumerate(top, 1):
@@ -228,36 +194,22 @@ class Responder:
             entries.append(d)
         return entries
 
-    def _build(self, p: _Pending, buf: _SeqBuffer, out: RequestOutput):
+    def _build(self, p: _Pending, flush: Flush, out: RequestOutput):
         import triton_python_backend_utils as pb_utils
 
         o = p.opts
-        text = "".join(buf.text)
-        if not buf.sent_any and o.prompt_text is not None:
-            text = o.prompt_text + text
-        tensors = [pb_utils.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_))]
+        tensors = [pb_utils.Tensor("text_output", np.array([flush.text.encode("utf-8")], dtype=np.object_))]
         if o.return_finish_reason:
-            reason = out.finish_reason if out.sequence_finished else o.intermediate_finish_reason
+            reason = out.finish_reason if out.sequence_finished else "None"  # vLLM: str(None) until the end
             tensors.append(pb_utils.Tensor("finish_reason", np.array([reason.encode()], dtype=np.object_)))
         if o.return_num_input_tokens:
             tensors.append(pb_utils.Tensor("num_input_tokens", np.array([out.num_prompt_tokens], dtype=np.uint32)))
         if o.return_num_output_tokens:
-            n = out.num_output_tokens if not o.stream else len(buf.ids)
+            n = out.num_output_tokens if not o.stream else len(flush.ids)
             tensors.append(pb_utils.Tensor("num_output_tokens", np.array([n], dtype=np.uint32)))
         if o.return_cumulative_logprob:
-            cum = 0.0 if o.zero_logprobs else out.cumulative_logprob
-            tensors.append(pb_utils.Tensor("cumulative_logprob", np.array([cum], dtype=np.float32)))
+            tensors.append(pb_utils.Tensor("cumulative_logprob", np.array([out.cumulative_logprob], dtype=np.float32)))
         if o.return_logprobs:
-            body = b"null" if o.logprobs_null else json.dumps(self._logprob_entries(buf, o)).encode()
+            body = b"null" if o.logprobs_null else json.dumps(self._logprob_entries(flush, o)).encode()
             tensors.append(pb_utils.Tensor("logprobs", np.array([body], dtype=np.object_)))
-        if o.return_output_ids:
-            tensors.append(pb_utils.Tensor("output_ids", np.array(buf.ids, dtype=np.int32)))
-            lps = np.array([0.0 if o.zero_logprobs else lp for lp, _ in buf.logprobs], dtype=np.float32)
-            tensors.append(pb_utils.Tensor("output_log_probs", lps))
-        if o.return_sequence_index:
-            tensors.append(pb_utils.Tensor(ensemble_protocol.SEQUENCE_INDEX,
-                                           np.array([out.sequence_index], dtype=np.int32)))
-        if o.return_perf_metrics:
-            tensors.append(pb_utils.Tensor(ensemble_protocol.PERF_METRICS, np.array(
-                [ensemble_protocol.encode_perf_metrics(out)], dtype=np.object_)))
         return pb_utils.InferenceResponse(output_tensors=tensors)

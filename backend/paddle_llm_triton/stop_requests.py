@@ -3,8 +3,8 @@ of a running request aborts that request.
 
 Each `llm` instance keeps the Triton request ids of its requests in flight (`StopRegistry`). A stop
 request can reach any instance of the model (Triton routes it like any request), so the instance
-that receives it aborts its own matches and forwards the id to its sibling instances through the
-AbortBus (abort_bus.py), which abort theirs. Ids are matched exactly; every request in flight with
+that receives it aborts its own matches and forwards the id to its sibling instances as a `stop`
+message on the control bus (control_bus.py), which abort theirs. Ids are matched exactly; every request in flight with
 that id is aborted (request ids should be unique among requests in flight for stop to be precise).
 """
 
@@ -54,14 +54,12 @@ class StopRegistry:
 
 
 class StopRequests:
-    """The registry of this instance plus the bus to its siblings (see the module doc)."""
+    """The registry of this instance plus the forwarding to its siblings (see the module doc).
+    publish(msg): sends a control message to the sibling instances (ControlBus.publish)."""
 
-    def __init__(self, abort: Callable[[str], None], model_name: str, instance_name: str, peers: list[str],
-                 server_pid: int | None = None):
-        from paddle_llm_triton.abort_bus import AbortBus
-
+    def __init__(self, abort: Callable[[str], None], publish: Callable[[dict], int]):
         self.registry = StopRegistry(abort)
-        self.bus = AbortBus(model_name, instance_name, peers, on_stop=self.registry.stop, server_pid=server_pid)
+        self._publish = publish
 
     def add(self, triton_id: str, engine_id: str) -> None:
         self.registry.add(triton_id, engine_id)
@@ -72,8 +70,9 @@ class StopRequests:
     def stop(self, triton_id: str) -> int:
         """Abort `triton_id` here and on every sibling instance; returns the local count."""
         n = self.registry.stop(triton_id)
-        self.bus.publish(triton_id)
+        self._publish({"type": "stop", "id": triton_id})
         return n
 
-    def close(self) -> None:
-        self.bus.close()
+    def on_control(self, msg: dict) -> None:
+        """Control-bus handler of a sibling's forwarded stop."""
+        self.registry.stop(str(msg.get("id", "")))

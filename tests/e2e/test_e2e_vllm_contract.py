@@ -171,9 +171,9 @@ def test_sampling_parameters_not_json_is_rejected(triton_server):
     assert_error_names(r, "sampling_parameters")
 
 
-def test_input_ids_from_a_direct_client_is_invalid_arg(triton_server):
-    """input_ids belongs to the ensemble pipeline's internal protocol (ensemble_step): a direct
-    client that sends it gets a Triton error naming it, not an `error` output tensor."""
+def test_undeclared_inputs_are_refused_naming_them(triton_server):
+    """llm declares only the vLLM backend's inputs (and `stop`): token ids are not one of them (the
+    ensemble reaches the engine on its own channel), so Triton refuses a client's input_ids by name."""
     ids = np.array([1, 2, 3], dtype=np.int32)
     t = grpcclient.InferInput("input_ids", list(ids.shape), "INT32")
     t.set_data_from_numpy(ids)

@@ -1,14 +1,12 @@
 """A stand-in for Triton's Python-backend module `triton_python_backend_utils`, in two versions:
 
 - `make(newer=False)`: what Triton 2.51 offers (no response parameters: InferenceResponse refuses
-  the `parameters` keyword with TypeError; the BLS decoupled response iterator has no cancel());
-- `make(newer=True)`: response parameters (python_backend >= 2.55) and ResponseIterator.cancel()
-  (>= 2.57).
+  the `parameters` keyword with TypeError);
+- `make(newer=True)`: response parameters (python_backend >= 2.55).
 
-BLS calls (InferenceRequest.exec) go to Python functions registered per model name:
-`module.models[name] = fn(request) -> list of responses`, or for decoupled calls a generator of
-responses; the iterator of a decoupled call stops after cancel(). Client requests are `Request`
-objects whose sender records every (response, flags).
+BLS calls (InferenceRequest.exec, not decoupled: the project makes no decoupled BLS call) go to
+Python functions registered per model name: `module.models[name] = fn(request) -> response`.
+Client requests are `Request` objects whose sender records every (response, flags).
 """
 
 from __future__ import annotations
@@ -126,23 +124,6 @@ def make(newer: bool) -> types.ModuleType:
                 super().__init__(output_tensors, error)
     m.InferenceResponse = InferenceResponse
 
-    class ResponseIterator:
-        def __init__(self, gen):
-            self._gen = gen
-            self.cancelled = threading.Event()
-
-        def __iter__(self):
-            for r in self._gen:
-                if self.cancelled.is_set():
-                    return
-                yield r
-
-    if newer:
-        def cancel(self):
-            self.cancelled.set()
-        ResponseIterator.cancel = cancel
-    m.ResponseIterator = ResponseIterator
-
     class InferenceRequest:
         def __init__(self, model_name: str, inputs, requested_output_names, request_id: str = ""):
             self.model_name = model_name
@@ -151,13 +132,9 @@ def make(newer: bool) -> types.ModuleType:
             self.request_id = request_id
 
         def exec(self, decoupled: bool = False):
+            assert not decoupled, "decoupled BLS deadlocks in Triton 2.51's Python backend"
             m.calls.append((self.model_name, self))
-            fn = m.models[self.model_name]
-            if decoupled:
-                it = ResponseIterator(fn(self))
-                self.iterator = it
-                return it
-            return fn(self)
+            return m.models[self.model_name](self)
 
     m.InferenceRequest = InferenceRequest
 

@@ -1,12 +1,15 @@
 """The ensemble pipeline (paddle_llm_triton/ensemble_pipeline.py) against a stand-in pb_utils
-(pb_standin.py) with stand-in step models, on both Triton generations: 2.51 (no response parameters,
-no BLS cancel()) and a newer one (both). Batched rows ([B, 1]) with batch_index, n sequences with
-sequence_index, TensorRT-LLM's perf-metric and token-count outputs, refused TensorRT-LLM features,
-the FINAL flag on exactly the last response, and cancellation through cancel() or a `stop`."""
+(pb_standin.py) with stand-in preprocessing / postprocessing models and a fake engine behind a real
+engine channel, on both Triton generations: 2.51 (no response parameters) and a newer one. Batched
+rows ([B, 1]) with batch_index, n sequences with sequence_index, TensorRT-LLM's perf-metric and
+token-count outputs, refused TensorRT-LLM features, the FINAL flag on exactly the last response,
+cancellation and the `stop` signal as aborts on the channel, and an llm instance that dies or is
+not there."""
 
 from __future__ import annotations
 
-import json
+import itertools
+import os
 import sys
 import threading
 import time
@@ -17,25 +20,71 @@ import pytest
 import pb_standin
 from paddle_llm_triton import ensemble_pipeline as ep
 from paddle_llm_triton import ensemble_protocol as protocol
+from paddle_llm_triton.engine_channel.client import ChannelClient
+from paddle_llm_triton.engine_channel.server import ChannelServer
 
 PERF = {"kv_cache_alloc_new_blocks": 2, "kv_cache_reused_blocks": 3, "kv_cache_alloc_total_blocks": 5,
         "arrival_time_ns": 100, "first_scheduled_time_ns": 200, "first_token_time_ns": 300,
         "last_token_time_ns": 400, "acceptance_rate": 0.0, "total_accepted_draft_tokens": 0,
         "total_draft_tokens": 0}
+_pids = itertools.count(20_000_000 + os.getpid() * 100)
 
 
 def _t(name, arr):
     return pb_standin.Tensor(name, arr)
 
 
+class FakeEngine:
+    """The llm side: answers every sequence i of a prompt P (its ids are the characters' codes)
+    with "P#i" in two frames ("P", "#i"); with `gate` it waits for it before the second frame and
+    ends a request aborted meanwhile with finish_reason "abort"."""
+
+    def __init__(self, gate: threading.Event | None = None):
+        self.gate = gate
+        self.starts: list[dict] = []
+        self.aborted: list[str] = []
+        self.lock = threading.Lock()
+
+    def start(self, msg, emit):
+        with self.lock:
+            rid = f"r{len(self.starts)}"
+            self.starts.append(msg)
+        threading.Thread(target=self._run, args=(rid, msg, emit), daemon=True).start()
+        return rid
+
+    def abort(self, rid):
+        with self.lock:
+            self.aborted.append(rid)
+
+    def _frame(self, msg, i, text, reason, finished):
+        f = {"type": "output", "seq": i, "text": text, "ids": [1], "logprobs": [0.0], "cum": 0.0,
+             "finish_reason": reason, "seq_finished": bool(reason), "finished": finished,
+             "num_prompt_tokens": len(msg["prompt_ids"]), "num_output_tokens": 1}
+        if msg.get("perf"):
+            f["perf"] = PERF
+        return f
+
+    def _run(self, rid, msg, emit):
+        prompt = "".join(chr(c) for c in msg["prompt_ids"])
+        n = msg.get("n", 1)
+        for i in range(n):
+            emit(self._frame(msg, i, prompt, "", False), False)
+        if self.gate is not None:
+            while not self.gate.wait(0.01):
+                if rid in self.aborted:
+                    emit(self._frame(msg, 0, "", "abort", True), True)
+                    return
+        for i in range(n):
+            last = i == n - 1
+            emit(self._frame(msg, i, f"#{i}", "length", last), last)
+
+
 def install(monkeypatch, newer: bool, gate: threading.Event | None = None):
-    """The stand-in module with step models: preprocessing tokenizes to one id per character;
-    llm answers every sequence i of a prompt P with "P#i" in two parts ("P", "#i"); postprocessing
-    copies. With `gate`, llm waits for it before its second part (cancellation tests)."""
+    """The stand-in module with the step models (preprocessing: one id per character; postprocessing
+    copies) and a fake llm instance on the engine channel. Returns (pb, pipeline, engine)."""
     pb = pb_standin.make(newer)
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", pb)
     monkeypatch.setattr("paddle_llm_triton.ensemble_requests._parameters_supported", None)
-    pb.stops = []
 
     def preprocessing(req):
         text = req.tensors["text_input"].reshape(-1)[0]
@@ -45,36 +94,10 @@ def install(monkeypatch, newer: bool, gate: threading.Event | None = None):
         assert req.tensors["text_input"].shape == (1, 1), "preprocessing gets one row"
         stream = req.tensors.get("stream", np.array([[False]]))
         return pb.InferenceResponse(output_tensors=[
-            _t("INPUT_IDS", np.arange(len(text), dtype=np.int32)),
+            _t("INPUT_IDS", np.array([ord(c) for c in text.decode()], dtype=np.int32)),
             _t("SAMPLING_PARAMETERS", np.array([b"{}"], dtype=np.object_)),
             _t("STREAM", stream.reshape(1)), _t("EXCLUDE_INPUT_IN_OUTPUT", np.array([True])),
             _t("RETURN_LOG_PROBS", np.array([False]))])
-
-    def llm(req):
-        if "stop" in req.tensors:
-            pb.stops.append(req.request_id)
-            yield pb.InferenceResponse(output_tensors=[_t("text_output", np.array([b""], np.object_))])
-            return
-        prompt = req.tensors["text_input"].reshape(-1)[0].decode()
-        n = int(req.tensors.get(protocol.NUM_SEQUENCES, np.array([1]))[0])
-        perf = protocol.RETURN_PERF_METRICS in req.tensors
-        for part in (0, 1):
-            if part == 1 and gate is not None:
-                assert gate.wait(10)
-            for i in range(n):
-                text = prompt if part == 0 else f"#{i}"
-                ts = [_t("text_output", np.array([text.encode()], np.object_)),
-                      _t("finish_reason", np.array([b"length" if part else b""], np.object_)),
-                      _t("output_log_probs", np.zeros(1, np.float32)),
-                      _t("cumulative_logprob", np.zeros(1, np.float32)),
-                      _t(protocol.SEQUENCE_INDEX, np.array([i], np.int32))]
-                if perf:
-                    ts.append(_t(protocol.PERF_METRICS, np.array([json.dumps(PERF).encode()], np.object_)))
-                if "return_num_input_tokens" in req.tensors:
-                    ts.append(_t("num_input_tokens", np.array([len(prompt)], np.uint32)))
-                if "return_num_output_tokens" in req.tensors:
-                    ts.append(_t("num_output_tokens", np.array([1], np.uint32)))
-                yield pb.InferenceResponse(output_tensors=ts)
 
     def postprocessing(req):
         return pb.InferenceResponse(output_tensors=[
@@ -82,8 +105,22 @@ def install(monkeypatch, newer: bool, gate: threading.Event | None = None):
             _t("cum_log_probs", req.tensors["CUM_LOG_PROB"].reshape(-1)),
             _t("output_log_probs", req.tensors["OUTPUT_LOG_PROBS"].reshape(-1))])
 
-    pb.models.update(preprocessing=preprocessing, llm=llm, postprocessing=postprocessing)
-    return pb
+    pb.models.update(preprocessing=preprocessing, postprocessing=postprocessing)
+    pid = next(_pids)
+    engine = FakeEngine(gate)
+    server = ChannelServer("llm", "llm_0_0", engine, pid=pid)
+    pipe = ep.EnsemblePipeline(poll_s=0.02, give_up_s=5, channel=ChannelClient("llm", pid=pid))
+    pipe._test_server = server
+    return pb, pipe, engine
+
+
+@pytest.fixture
+def cleanup():
+    pipes = []
+    yield pipes.append
+    for p in pipes:
+        p.shutdown()
+        p._test_server.close()
 
 
 def client_request(texts, request_id="", **params) -> pb_standin.Request:
@@ -115,29 +152,25 @@ def by_row_and_seq(sent) -> dict:
     return texts
 
 
-@pytest.fixture
-def pipe():
-    p = ep.EnsemblePipeline(poll_s=0.02, retry_s=0.2, give_up_s=5)
-    yield p
-    p.shutdown()
-
-
 @pytest.mark.parametrize("newer", [False, True])
-def test_batched_rows_carry_batch_index_and_end_with_one_final(monkeypatch, pipe, newer):
-    pb = install(monkeypatch, newer)
+def test_batched_rows_carry_batch_index_and_end_with_one_final(monkeypatch, cleanup, newer):
+    pb, pipe, eng = install(monkeypatch, newer)
+    cleanup(pipe)
     sent = run(pipe, client_request(["ab", "cde", "f"]))
     assert by_row_and_seq(sent) == {(0, None): "ab#0", (1, None): "cde#0", (2, None): "f#0"}
     for r, _ in sent:
         if r is not None:
             assert r.output("batch_index").dtype == np.int32 and r.output("batch_index").shape == (1, 1)
-    llm_calls = [c for name, c in pb.calls if name == "llm"]
-    assert len(llm_calls) == 3 and len({c.request_id for c in llm_calls}) == 3  # a request per row
-    assert all(protocol.NUM_SEQUENCES not in c.tensors for c in llm_calls)
+    assert sorted(tuple(m["prompt_ids"]) for m in eng.starts) == sorted(
+        tuple(map(ord, t)) for t in ("ab", "cde", "f"))  # an engine request per row
+    assert all(m["n"] == 1 for m in eng.starts)
+    assert not [c for name, c in pb.calls if name == "llm"], "no BLS call to llm"
 
 
 @pytest.mark.parametrize("newer", [False, True])
-def test_one_row_is_as_before_and_response_parameters_only_where_supported(monkeypatch, pipe, newer):
-    install(monkeypatch, newer)
+def test_one_row_is_as_before_and_response_parameters_only_where_supported(monkeypatch, cleanup, newer):
+    _, pipe, _ = install(monkeypatch, newer)
+    cleanup(pipe)
     sent = run(pipe, client_request(["hello"]))
     data = [r for r, _ in sent if r is not None]
     assert by_row_and_seq(sent) == {(None, None): "hello#0"}
@@ -150,19 +183,20 @@ def test_one_row_is_as_before_and_response_parameters_only_where_supported(monke
         assert all(r.parameters is None for r in data)
 
 
-def test_n_sequences_carry_sequence_index_per_row(monkeypatch, pipe):
-    pb = install(monkeypatch, newer=True)
+def test_n_sequences_carry_sequence_index_per_row(monkeypatch, cleanup):
+    _, pipe, eng = install(monkeypatch, newer=True)
+    cleanup(pipe)
     sent = run(pipe, client_request(["xy", "z"], num_return_sequences=2))
     assert by_row_and_seq(sent) == {(0, 0): "xy#0", (0, 1): "xy#1", (1, 0): "z#0", (1, 1): "z#1"}
-    llm_calls = [c for name, c in pb.calls if name == "llm"]
-    assert all(int(c.tensors[protocol.NUM_SEQUENCES][0]) == 2 for c in llm_calls)
+    assert [m["n"] for m in eng.starts] == [2, 2]
     for r, _ in sent:
         if r is not None:
             assert r.output("sequence_index").dtype == np.int32 and r.output("sequence_index").shape == (1, 1)
 
 
-def test_perf_metrics_and_token_counts_with_tensorrt_llm_types(monkeypatch, pipe):
-    install(monkeypatch, newer=False)
+def test_perf_metrics_and_token_counts_with_tensorrt_llm_types(monkeypatch, cleanup):
+    _, pipe, _ = install(monkeypatch, newer=False)
+    cleanup(pipe)
     req = client_request(["abc"], return_perf_metrics=True, return_num_input_tokens=True,
                          return_num_output_tokens=True)
     sent = run(pipe, req)
@@ -182,72 +216,88 @@ def test_perf_metrics_and_token_counts_with_tensorrt_llm_types(monkeypatch, pipe
     ("return_context_logits", np.array([[True]])),
     ("embedding_bias_words", np.array([[b"x"]], np.object_)),
 ])
-def test_unsupported_tensorrt_llm_features_are_invalid_arg(monkeypatch, pipe, name, value):
-    pb = install(monkeypatch, newer=True)
+def test_unsupported_tensorrt_llm_features_are_invalid_arg(monkeypatch, cleanup, name, value):
+    pb, pipe, eng = install(monkeypatch, newer=True)
+    cleanup(pipe)
     req = pb_standin.Request({"text_input": np.array([[b"hi"]], np.object_), name: value})
     sent = run(pipe, req)
     err = sent[-1][0].error()
     assert err.code() == pb.TritonError.INVALID_ARG and name in err.message()
     assert err.message().startswith("in ensemble 'ensemble', ")
-    assert not [c for n, c in pb.calls if n == "llm"]
+    assert eng.starts == []
 
 
-def test_false_logit_flags_are_accepted(monkeypatch, pipe):
-    install(monkeypatch, newer=True)
+def test_false_logit_flags_are_accepted(monkeypatch, cleanup):
+    _, pipe, _ = install(monkeypatch, newer=True)
+    cleanup(pipe)
     req = pb_standin.Request({"text_input": np.array([[b"hi"]], np.object_),
                               "return_context_logits": np.array([[False]]),
                               "return_generation_logits": np.array([[False]])})
     assert by_row_and_seq(run(pipe, req)) == {(None, None): "hi#0"}
 
 
-def test_a_bad_row_fails_the_request_before_anything_is_generated(monkeypatch, pipe):
-    pb = install(monkeypatch, newer=True)
+def test_a_bad_row_fails_the_request_before_anything_is_generated(monkeypatch, cleanup):
+    _, pipe, eng = install(monkeypatch, newer=True)
+    cleanup(pipe)
     sent = run(pipe, client_request(["ok", ""]))
     assert len(sent) == 1 and "text_input" in sent[0][0].error().message()
-    assert not [c for n, c in pb.calls if n == "llm"]
+    assert eng.starts == []
+
+
+def wait_for(pred, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not pred() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return pred()
 
 
 @pytest.mark.parametrize("newer", [False, True])
-def test_cancellation_uses_cancel_where_the_iterator_has_it(monkeypatch, pipe, newer):
+def test_cancellation_aborts_every_row_on_the_channel(monkeypatch, cleanup, newer):
     gate = threading.Event()
-    pb = install(monkeypatch, newer, gate)
+    _, pipe, eng = install(monkeypatch, newer, gate)
+    cleanup(pipe)
     req = client_request(["slow", "rows"], request_id="client-1")
     pipe.submit(req)
-    deadline = time.monotonic() + 5
-    while len(req.sender.sent) < 2 and time.monotonic() < deadline:  # the first part of each row
-        time.sleep(0.01)
+    assert wait_for(lambda: len(req.sender.sent) >= 2)  # the first part of each row
     req.sender.cancelled = True
-    llm_calls = [c for n, c in pb.calls if n == "llm" and "stop" not in c.tensors]
-    inner = {c.request_id for c in llm_calls}
-    deadline = time.monotonic() + 5
-    if newer:  # cancel() on both rows' iterators, no stop request needed
-        while not all(c.iterator.cancelled.is_set() for c in llm_calls) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert all(c.iterator.cancelled.is_set() for c in llm_calls)
-        assert pb.stops == []
-    else:  # 2.51: a stop request with each inner request's id
-        while set(pb.stops) != inner and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert set(pb.stops) == inner
-    gate.set()
+    assert wait_for(lambda: sorted(eng.aborted) == ["r0", "r1"])
     assert req.sender.done.wait(5)
     assert req.sender.sent[-1] == (None, 1)  # nothing more than the closing final after the cancel
     assert len(req.sender.sent) == 3
+    gate.set()
 
 
-def test_stop_request_stops_every_row_of_the_client_request(monkeypatch, pipe):
+def test_stop_request_stops_every_row_of_the_client_request(monkeypatch, cleanup):
     gate = threading.Event()
-    pb = install(monkeypatch, newer=True, gate=gate)
+    _, pipe, eng = install(monkeypatch, newer=True, gate=gate)
+    cleanup(pipe)
     req = client_request(["a", "b"], request_id="same-id")
     pipe.submit(req)
-    deadline = time.monotonic() + 5
-    while len(req.sender.sent) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    assert wait_for(lambda: len(req.sender.sent) >= 2)
     stop = pb_standin.Request({"text_input": np.array([[b""]], np.object_), "stop": np.array([[True]])},
                               "same-id")
     pipe._run(stop)
     assert stop.sender.sent[-1][1] == 1 and not stop.sender.sent[-1][0].has_error()
-    inner = {c.request_id for n, c in pb.calls if n == "llm" and "stop" not in c.tensors}
-    assert set(pb.stops) == inner and len(inner) == 2
-    gate.set()
+    assert wait_for(lambda: sorted(eng.aborted) == ["r0", "r1"])
     assert req.sender.done.wait(5)
+    gate.set()
+
+
+def test_an_llm_instance_that_dies_mid_request_ends_it_with_unavailable(monkeypatch, cleanup):
+    gate = threading.Event()
+    pb, pipe, _ = install(monkeypatch, newer=True, gate=gate)
+    cleanup(pipe)
+    req = client_request(["abc"])
+    pipe.submit(req)
+    assert wait_for(lambda: len(req.sender.sent) >= 1)
+    pipe._test_server.close()  # its sockets go away as when the stub process is killed
+    assert req.sender.done.wait(10)
+    err = req.sender.sent[-1][0].error()
+    assert err.code() == pb.TritonError.UNAVAILABLE
+    assert "llm instance llm_0_0 closed its engine channel" in err.message()
+    assert err.message().startswith("in ensemble 'ensemble', ")
+    again = client_request(["abc"])  # nothing listens any more: refused at once, named
+    pipe._run(again)
+    err = again.sender.sent[-1][0].error()
+    assert err.code() == pb.TritonError.UNAVAILABLE and "no instance of model 'llm' is serving" in err.message()
+    gate.set()

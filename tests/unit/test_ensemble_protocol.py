@@ -1,37 +1,58 @@
-"""The `error` output of the internal ensemble protocol (paddle_llm_triton/ensemble_protocol.py)
-survives the trip from llm's responder to the ensemble pipeline."""
+"""The messages of the engine channel between `ensemble` and `llm` (paddle_llm_triton/ensemble_protocol.py):
+the generate frame carries what preprocessing made of a row, an output frame one response of the
+client's with TensorRT-LLM's semantics (zeros unless logprobs are asked), perf metrics under
+TensorRT-LLM's names, and every frame survives the channel's JSON framing."""
 
 from __future__ import annotations
 
+from paddle_llm_engine.outputs import RequestOutput
 from paddle_llm_triton import ensemble_protocol as protocol
+from paddle_llm_triton.delta_buffer import Flush
+from paddle_llm_triton.engine_channel import wire
 
 
-def test_error_output_round_trip():
-    raw = protocol.encode_error("invalid_arg", "max_tokens: must be >= 1, got 0")
-    assert protocol.decode_error(raw) == ("max_tokens: must be >= 1, got 0", "invalid_arg")
-    assert protocol.decode_error(raw.decode()) == ("max_tokens: must be >= 1, got 0", "invalid_arg")
-    assert protocol.decode_error(protocol.encode_error(None, None)) == ("error", None)
+def _round_trip(frame: dict) -> dict:
+    (back,) = wire.FrameReader().feed(wire.encode(frame))
+    return back
 
 
-def test_malformed_error_output_is_its_own_message():
-    assert protocol.decode_error(b"not json") == ("not json", None)
-    assert protocol.decode_error("[1, 2]") == ("[1, 2]", None)
+def test_generate_request_is_plain_json():
+    import numpy as np
+
+    msg = protocol.generate_request(np.array([5, 6, 7], np.int32).tolist(), '{"max_tokens": 3}', 2, True, None,
+                                    logprobs=True, perf=False, client_request_id="c1")
+    assert _round_trip(msg) == {"type": "generate", "client_request_id": "c1", "prompt_ids": [5, 6, 7],
+                                "sampling_parameters": '{"max_tokens": 3}', "n": 2, "stream": True,
+                                "prompt_text": None, "logprobs": True, "perf": False}
 
 
-def test_the_pipeline_asks_for_the_error_output():
-    assert protocol.ERROR in protocol.LLM_OUTPUTS
+def test_output_frame_zeros_logprobs_unless_asked_and_names_the_reason_on_the_last():
+    out = RequestOutput("r", text="ab", token_ids=[1, 2], logprobs=[(-0.5, []), (-0.25, [])], cumulative_logprob=-0.75,
+                        num_prompt_tokens=4, num_output_tokens=2, sequence_index=1)
+    flush = Flush("ab", [1, 2], out.logprobs, first=True)
+    f = _round_trip(protocol.output_frame(out, flush, logprobs=False, perf=False))
+    assert f["logprobs"] == [0.0, 0.0] and f["cum"] == 0.0 and f["finish_reason"] == ""
+    assert (f["seq"], f["text"], f["ids"], f["finished"], f["seq_finished"]) == (1, "ab", [1, 2], False, False)
+    assert "perf" not in f
+    out.finished, out.finish_reason, out.sequence_finished = True, "stop", True
+    f = _round_trip(protocol.output_frame(out, flush, logprobs=True, perf=False))
+    assert f["logprobs"] == [-0.5, -0.25] and f["cum"] == -0.75
+    assert f["finish_reason"] == "stop" and f["finished"] and f["seq_finished"]
 
 
-def test_perf_metrics_round_trip_with_tensorrt_llm_names():
-    from paddle_llm_engine.outputs import RequestOutput
-
+def test_perf_metrics_with_tensorrt_llm_names():
     out = RequestOutput("r", arrival_time=10.0, first_scheduled_time=10.25, first_token_time=10.5,
                         last_token_time=11.0, num_new_blocks=2, num_reused_blocks=3)
-    d = protocol.decode_perf_metrics(protocol.encode_perf_metrics(out))
+    d = _round_trip(protocol.output_frame(out, Flush("", [], [], True), logprobs=False, perf=True))["perf"]
     assert [n for n, _ in protocol.PERF_OUTPUTS] == list(d)
     assert d["arrival_time_ns"] == 10_000_000_000 and d["first_scheduled_time_ns"] == 10_250_000_000
     assert d["first_token_time_ns"] == 10_500_000_000 and d["last_token_time_ns"] == 11_000_000_000
     assert (d["kv_cache_reused_blocks"], d["kv_cache_alloc_new_blocks"], d["kv_cache_alloc_total_blocks"]) == (3, 2, 5)
     assert d["acceptance_rate"] == 0.0 and d["total_draft_tokens"] == d["total_accepted_draft_tokens"] == 0
-    assert protocol.decode_perf_metrics(b"junk")["kv_cache_reused_blocks"] == 0
-    assert protocol.decode_perf_metrics(protocol.encode_perf_metrics(RequestOutput("r")))["first_token_time_ns"] == 0
+    assert protocol.perf_metrics(RequestOutput("r"))["first_token_time_ns"] == 0
+
+
+def test_error_frame_keeps_code_and_message():
+    assert _round_trip(protocol.error_frame("invalid_arg", "max_tokens: must be >= 1, got 0")) == {
+        "type": "error", "code": "invalid_arg", "message": "max_tokens: must be >= 1, got 0"}
+    assert protocol.error_frame(None, None) == {"type": "error", "code": "internal", "message": "error"}

@@ -1,7 +1,7 @@
 """Features of newer Triton versions, against the stand-in pb_utils (pb_standin.py): the llm model's
 is_ready() (Triton >= 2.67 calls it on /v2/models/llm/ready) follows the engine's health, and the
 model files still import and run on the 2.51 feature set. (The ensemble pipeline's response
-parameters and BLS cancel() are in test_ensemble_pipeline.py.)"""
+parameters are in test_ensemble_pipeline.py.)"""
 
 from __future__ import annotations
 
@@ -76,5 +76,5 @@ def test_ensemble_model_loads_on_both_feature_sets(monkeypatch, newer):
     pb = sys.modules["triton_python_backend_utils"]
     pb.using_decoupled_model_transaction_policy = lambda c: True
     m = cls()
-    m.initialize({"model_config": json.dumps(cfg), "model_name": "ensemble"})
+    m.initialize({"model_config": json.dumps(cfg), "model_name": "ensemble", "model_instance_name": "ensemble_0_0"})
     m.finalize()

@@ -108,13 +108,6 @@ def test_stream_intermediate_finish_reason_is_None_and_last_is_the_reason(pb):
     assert s.done.wait(5)
     reasons = [resp.tensors["finish_reason"][0] for resp, _ in s.sent]
     assert reasons == [b"None", b"None", b"None", b"length"]
-    # the ensemble protocol keeps "" for intermediate responses
-    s2 = Sender()
-    r.register("b", s2, ResponseOptions(stream=True, return_finish_reason=True, intermediate_finish_reason=""))
-    r.push(out("b", "x", [10], n_out=1))
-    r.push(out("b", "y", [11], finished=True, reason="stop", n_out=2))
-    assert s2.done.wait(5)
-    assert [resp.tensors["finish_reason"][0] for resp, _ in s2.sent] == [b"", b"stop"]
     r.shutdown()
 
 

@@ -1,4 +1,4 @@
-"""`stop` by request id (paddle_llm_triton/stop_requests.py, abort_bus.py) and the engine-failure
+"""`stop` by request id (paddle_llm_triton/stop_requests.py, control_bus.py) and the engine-failure
 path (paddle_llm_engine/engine_loop.py, paddle_llm_triton/fault_injection.py), without a Triton server."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from paddle_llm_engine.engine_loop import EngineLoop
 from paddle_llm_engine.errors import EngineDeadError
 from paddle_llm_engine.outputs import EngineStats, RequestOutput
 from paddle_llm_engine.sampling_params import SamplingParams
-from paddle_llm_triton.abort_bus import AbortBus
+from paddle_llm_triton.control_bus import ControlBus, ask, bound_instances
+from paddle_llm_triton.stop_requests import StopRequests
 from paddle_llm_triton.fault_injection import InjectedFault, install_step_fault
 from paddle_llm_triton.stop_requests import StopRegistry, StopRequests
 
@@ -44,45 +45,53 @@ def test_registry_stops_every_request_under_the_id_and_forgets_finished_ones():
     assert len(reg) == 0 and reg.stop("client-1") == 0
 
 
-def test_abort_bus_forwards_ids_to_sibling_instances():
+def test_control_bus_forwards_stops_to_sibling_instances():
     scope_pid = 10_000_000 + uuid.uuid4().int % 1_000_000  # a fake server pid: no clash with real stubs
-    got = {"a": [], "b": []}
+    aborted = {"a": [], "b": []}
     names = ["m_0_0", "m_0_1"]
-    a = AbortBus("m", "m_0_0", names, got["a"].append, server_pid=scope_pid)
-    b = AbortBus("m", "m_0_1", names, got["b"].append, server_pid=scope_pid)
+    buses, stops = {}, {}
+    for key, name in (("a", "m_0_0"), ("b", "m_0_1")):
+        handlers = {}
+        buses[key] = ControlBus("m", name, handlers, names, server_pid=scope_pid)
+        stops[key] = StopRequests(aborted[key].append, buses[key].publish)
+        handlers["stop"] = stops[key].on_control
+        buses[key].handlers.update(handlers)
     try:
-        assert a.listening and b.listening
-        assert a.publish("req-1") == 1
-        wait_until(lambda: got["b"] == ["req-1"])
-        assert b.publish("req-2") == 1
-        wait_until(lambda: got["a"] == ["req-2"])
-        assert got["a"] == ["req-2"] and got["b"] == ["req-1"]  # nobody hears itself
+        assert buses["a"].listening and buses["b"].listening
+        assert sorted(bound_instances(scope_pid)) == [("m", "m_0_0"), ("m", "m_0_1")]
+        stops["b"].add("client-1", "engine-b1")
+        stops["a"].add("client-2", "engine-a2")
+        assert stops["a"].stop("client-1") == 0  # not here: forwarded to the sibling, which runs it
+        wait_until(lambda: aborted["b"] == ["engine-b1"])
+        assert stops["b"].stop("client-2") == 0
+        wait_until(lambda: aborted["a"] == ["engine-a2"])
+        assert aborted == {"a": ["engine-a2"], "b": ["engine-b1"]}  # nobody hears itself
     finally:
-        a.close()
-        b.close()
+        for bus in buses.values():
+            bus.close()
     # a sibling that is gone is skipped
-    c = AbortBus("m", "m_0_0", names, lambda _id: None, server_pid=scope_pid)
+    c = ControlBus("m", "m_0_0", {}, names, server_pid=scope_pid)
     try:
-        assert c.publish("req-3") == 0
+        assert c.publish({"type": "stop", "id": "x"}) == 0
     finally:
         c.close()
 
 
-def test_stop_reaches_the_instance_that_runs_the_request():
-    """Two instances; the stop arrives at the one that does not run the request."""
-    pid = 10_000_000 + uuid.uuid4().int % 1_000_000
-    names = ["llm_0_0", "llm_0_1"]
-    aborted0, aborted1 = [], []
-    inst0 = StopRequests(aborted0.append, "llm", "llm_0_0", names, server_pid=pid)
-    inst1 = StopRequests(aborted1.append, "llm", "llm_0_1", names, server_pid=pid)
+def test_control_bus_answers_the_launchers_questions():
+    scope_pid = 10_000_000 + uuid.uuid4().int % 1_000_000
+    seen = []
+
+    def status(msg):
+        seen.append(msg)
+        return {"type": "status", "model": "m", "instance": "m_0_0", "in_flight": 3}
+
+    bus = ControlBus("m", "m_0_0", {"status": status}, server_pid=scope_pid)
     try:
-        inst1.add("triton-id-9", "engine-rid-1")
-        assert inst0.stop("triton-id-9") == 0  # not here ...
-        wait_until(lambda: aborted1 == ["engine-rid-1"])  # ... but aborted on the sibling
-        assert aborted0 == []
+        replies = ask(scope_pid, [("m", "m_0_0"), ("m", "m_0_9")], {"type": "status"}, timeout=1.0)
+        assert replies == {("m", "m_0_0"): {"type": "status", "model": "m", "instance": "m_0_0", "in_flight": 3}}
+        assert seen == [{"type": "status"}]
     finally:
-        inst0.close()
-        inst1.close()
+        bus.close()
 
 
 # -- engine failure ----------------------------------------------------------------------------------
@@ -155,3 +164,116 @@ def test_fault_injection_zero_is_off():
     engine.step()
     with pytest.raises(InjectedFault):
         engine.step()
+
+
+# -- stalls, drain ---------------------------------------------------------------------------------
+
+class HangingEngine(FakeEngine):
+    """Its step blocks until `release` is set (a kernel that never returns, a lost device)."""
+
+    def __init__(self):
+        super().__init__()
+        self.release = threading.Event()
+        self.in_step = threading.Event()
+
+    def step(self):
+        self.in_step.set()
+        self.release.wait(30)
+        return super().step()
+
+
+def test_a_step_that_never_returns_is_declared_failed_by_the_watchdog():
+    from paddle_llm_triton.health import StallWatchdog
+
+    engine = HangingEngine()
+    failures = []
+    loop = EngineLoop(engine, on_failure=failures.append)
+    outs = []
+    done = threading.Event()
+
+    def cb(out):
+        outs.append(out)
+        if out.finished:
+            done.set()
+
+    loop.submit("a", [1, 2], SamplingParams(), cb)
+    assert engine.in_step.wait(5)
+    dog = StallWatchdog({"the engine step": lambda: loop.step_started_at}, loop.declare_failed, max_step_s=0.3,
+                        poll_s=0.05)
+    try:
+        assert done.wait(5), "the request stuck in the hung step was not failed"
+        assert outs[-1].finish_reason == "error" and "the engine step has not returned" in outs[-1].error
+        assert "max_step_seconds" in outs[-1].error
+        assert not loop.healthy and len(failures) == 1
+        with pytest.raises(EngineDeadError, match="has not returned"):
+            loop.submit("b", [1], SamplingParams(), cb)
+        n = len(outs)
+        engine.release.set()  # the stuck step returns after all: its outputs go nowhere
+        loop._thread.join(5)
+        assert not loop._thread.is_alive() and len(outs) == n
+    finally:
+        engine.release.set()
+        dog.close()
+
+
+def test_watchdog_is_quiet_while_nothing_runs_and_off_at_zero():
+    from paddle_llm_triton.health import StallWatchdog
+
+    fired = []
+    dog = StallWatchdog({"x": lambda: None}, lambda r: fired.append(r) or True, max_step_s=0.01)
+    assert dog.check() is None and fired == []
+    dog.close()
+    off = StallWatchdog({"x": lambda: 0.0}, lambda r: fired.append(r) or True, max_step_s=0)
+    assert off._thread is None
+    assert StallWatchdog({"send": lambda: 100.0}, lambda r: fired.append(r) or True, max_step_s=5).check(now=106.0)
+    assert "send has not returned for 6 s" in fired[0]
+
+
+def test_fail_all_ends_every_request_with_the_error_and_keeps_serving():
+    engine = FakeEngine()
+    loop = EngineLoop(engine)
+    outs: dict[str, list] = {}
+    done = threading.Event()
+
+    def cb(out):
+        outs.setdefault(out.request_id, []).append(out)
+        if out.finished and len([v for v in outs.values() if v[-1].finished]) == 2:
+            done.set()
+
+    try:
+        loop.submit("a", [1], SamplingParams(), cb)
+        loop.submit("b", [1], SamplingParams(), cb)
+        wait_until(lambda: len(engine.requests) == 2)
+        loop.fail_all("the server shut down before the request finished (drain grace period 1 s)")
+        assert done.wait(5)
+        for rid in ("a", "b"):
+            last = outs[rid][-1]
+            assert last.finish_reason == "error" and last.error_code == "unavailable"
+            assert "drain grace period" in last.error
+        assert engine.requests == {} and loop.healthy and loop.num_in_flight == 0
+        got = threading.Event()
+        loop.submit("c", [1], SamplingParams(), lambda out: got.set())
+        assert got.wait(5)
+    finally:
+        loop.shutdown(2)
+
+
+def test_drain_refuses_new_requests_and_ends_the_rest_at_the_deadline():
+    from paddle_llm_triton.drain import Drain, DrainingError
+
+    in_flight = [2]
+    ended = []
+    d = Drain("llm", "llm_0_0", lambda: in_flight[0], ended.append)
+    d.refuse_if_draining()  # not draining: nothing happens
+    assert d.on_drain({"type": "drain", "grace_s": 0.3}) == {
+        "type": "status", "model": "llm", "instance": "llm_0_0", "draining": True, "in_flight": 2}
+    with pytest.raises(DrainingError, match="shutting down and takes no new requests"):
+        d.refuse_if_draining()
+    wait_until(lambda: ended)
+    assert ended[0] == "the server shut down before the request finished (drain grace period 0 s)"
+    quick = Drain("llm", "llm_0_1", lambda: in_flight[0], ended.append)
+    in_flight[0] = 1
+    quick.start(5)
+    in_flight[0] = 0  # everything finished within the grace period: nothing is ended
+    time.sleep(0.2)
+    assert len(ended) == 1 and quick.status()["in_flight"] == 0

@@ -81,6 +81,21 @@ def regions_mapped_by_anyone() -> set[str]:
     return found
 
 
+def kill_if_same(processes) -> int:
+    """SIGKILL each (pid, start time) that is still that process; returns how many were signalled."""
+    n = 0
+    for pid, start in processes:
+        st = proc_stat(pid)
+        if st is None or st[1] != start:
+            continue
+        try:
+            os.kill(pid, signal.SIGKILL)
+            n += 1
+        except ProcessLookupError:
+            pass
+    return n
+
+
 def set_parent_death_signal() -> None:
     """In the child before exec: own process group, and SIGTERM if the launcher dies (Linux only)."""
     os.setpgid(0, 0)

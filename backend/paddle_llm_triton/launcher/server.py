@@ -17,6 +17,12 @@ interpreter's own lib directory first on LD_LIBRARY_PATH (so the stub does not m
 libpython with the venv's). The model folder reaches the llm model as env var PADDLE_LLM_MODEL_DIR;
 its config parameter `model_dir`, when set to a non-empty value, wins over the variable.
 
+Supervised mode (`start_server(supervise=True)`, what `make serve` runs): tritonserver runs with
+`--model-control-mode explicit --load-model *` and a second repository holding the readiness gate
+(gate.py); once ready, a Supervisor thread (supervisor.py) reloads any model whose stub dies or whose
+engine reports unhealthy, and `drain(grace_s)` (shutdown.py) drains before `stop()`. The supervisor's
+state folder reaches the models as PADDLE_LLM_SUPERVISOR_STATE (restart counts).
+
 Only the standard library is used here.
 """
 
@@ -37,6 +43,7 @@ from pathlib import Path
 
 from paddle_llm_triton.launcher import procs
 from paddle_llm_triton.launcher.procs import STUB_NAME
+from paddle_llm_triton.restarts import STATE_ENV
 
 REPO_ROOT = Path(__file__).resolve().parents[3]  # the project is installed editable (scripts/setup.sh)
 DEFAULT_BACKEND_DIR = REPO_ROOT / "build" / "triton_backends"
@@ -123,6 +130,9 @@ class TritonServer:
         self._owned_regions: set[str] = set()
         self._stop_lock = threading.Lock()
         self.killed = False
+        self.supervisor = None      # a launcher.supervisor.Supervisor in supervised mode
+        self._restarting = False
+        self.state_dir: Path | None = None
 
     # ---- readiness
 
@@ -145,6 +155,8 @@ class TritonServer:
             if self.is_ready():
                 self.ready_after = time.monotonic() - self.started_at
                 self.remember_stubs()
+                if self.supervisor is not None and not self.supervisor._thread.is_alive():
+                    self.supervisor.start()
                 return self.ready_after
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"tritonserver not ready after {timeout:.0f} s" + self._log_hint())
@@ -171,10 +183,49 @@ class TritonServer:
                     if region:
                         self._owned_regions.add(region)
 
+    def restart(self) -> None:
+        """Kill this tritonserver (SIGKILL of the server and its stubs, their shm regions removed) and
+        start the same command again on the same ports; the log file is appended to. The supervisor
+        does this when a model cannot be reloaded: Triton 2.51 never releases the requests that were
+        in flight on a stub that died, so unloading its model never completes. Returns at once;
+        wait_ready() as after a start."""
+        with self._stop_lock:
+            self._restarting = True
+            if self.proc.poll() is None:
+                self._kill()
+            self.proc.wait()
+            self._kill_leftover_stubs()
+            self._clean_shm()
+            self._stubs.clear()
+            self._owned_regions.clear()
+            self.killed = False
+            self._shm_before = procs.regions_now()
+            self.proc = _popen(self._launch, self.log_path, "ab")
+            self.pid = self.proc.pid
+            self.started_at = time.monotonic()
+            self.ready_after = None
+            self._restarting = False
+
+    def running(self) -> bool:
+        """The server process runs (or is being restarted by the supervisor)."""
+        return self._restarting or self.proc.poll() is None
+
+    def drain(self, grace_s: float = 30.0, log=print) -> dict:
+        """Supervised mode only: refuse new requests, readiness false, wait for the requests in flight
+        (at most grace_s), unload every model (shutdown.py). Call stop() after it."""
+        from paddle_llm_triton.launcher.shutdown import drain
+
+        if self.supervisor is None:
+            raise RuntimeError("drain() needs a server started with supervise=True")
+        self.supervisor.pause()
+        return drain(self, grace_s, log)
+
     def stop(self, kill_after: float | None = None) -> int:
         """SIGTERM, wait up to kill_after seconds, then SIGKILL server and stubs; clean shm. Returns
         the server's exit code (negative signal number if killed). Safe to call more than once."""
         kill_after = self.kill_after if kill_after is None else kill_after
+        if self.supervisor is not None:
+            self.supervisor.stop()
         with self._stop_lock:
             if self.proc.poll() is None:
                 self.remember_stubs()
@@ -191,6 +242,10 @@ class TritonServer:
             self.proc.wait()
             self._kill_leftover_stubs()
             self._clean_shm()
+            if self.state_dir is not None:
+                import shutil
+
+                shutil.rmtree(self.state_dir, ignore_errors=True)
             return self.proc.returncode
 
     def _kill(self) -> None:
@@ -243,6 +298,18 @@ class TritonServer:
         self.stop()
 
 
+def _popen(launch, log_path: Path | None, mode: str) -> subprocess.Popen:
+    cmd, env = launch
+    out = open(log_path, mode) if log_path is not None else None
+    try:
+        return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT if out else None,
+                                preexec_fn=procs.set_parent_death_signal, close_fds=True)
+    finally:
+        if out is not None:
+            out.close()
+
+
 def server_command(model_repo, http_port, grpc_port, metrics_port, backend_dir=None,
                    exit_timeout: int = 5, extra_args=()) -> list[str]:
     backend_dir = Path(backend_dir or DEFAULT_BACKEND_DIR)
@@ -265,26 +332,39 @@ def server_command(model_repo, http_port, grpc_port, metrics_port, backend_dir=N
 
 def start_server(model_repo, http_port: int, grpc_port: int, metrics_port: int, model_dir=None,
                  log_path=None, backend_dir=None, extra_args=(), exit_timeout: int = 5,
-                 kill_after: float = 15.0, env: dict | None = None, python_bin=None) -> TritonServer:
+                 kill_after: float = 15.0, env: dict | None = None, python_bin=None,
+                 supervise: bool = False, log=print) -> TritonServer:
     """Start tritonserver (not waiting for it). log_path None: output goes to this process's stdout.
-    env: the server's base environment (default os.environ); python_bin: see server_env."""
+    env: the server's base environment (default os.environ); python_bin: see server_env.
+    supervise: supervised mode (see the module doc; the supervisor starts with wait_ready(), or call
+    handle.supervisor.start() once ready); log(line): where the supervisor reports."""
+    import tempfile
+
+    from paddle_llm_triton.launcher.gate import GATE_MODEL, make_gate_repository
+    from paddle_llm_triton.launcher.supervisor import Supervisor
+
     backend_dir = Path(backend_dir or DEFAULT_BACKEND_DIR)
     if not (backend_dir / "python" / STUB_NAME).is_file():
         raise FileNotFoundError(f"{backend_dir}/python/{STUB_NAME} missing (run scripts/setup.sh)")
+    state_dir = None
+    if supervise:
+        state_dir = Path(tempfile.mkdtemp(prefix="paddle_llm_supervisor_"))
+        gate_repo = make_gate_repository(state_dir)
+        extra_args = ["--model-repository", str(gate_repo), "--model-control-mode", "explicit",
+                      "--load-model", "*", *extra_args]
+        env = dict(os.environ if env is None else env)
+        env[STATE_ENV] = str(state_dir)
     cmd = server_command(model_repo, http_port, grpc_port, metrics_port, backend_dir,
                          exit_timeout, extra_args)
-    out = None
     if log_path is not None:
         log_path = Path(log_path)
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        out = open(log_path, "wb")
     shm_before = procs.regions_now()
-    try:
-        proc = subprocess.Popen(cmd, env=server_env(model_dir, env, python_bin), stdin=subprocess.DEVNULL,
-                                stdout=out, stderr=subprocess.STDOUT if out else None,
-                                preexec_fn=procs.set_parent_death_signal, close_fds=True)
-    finally:
-        if out is not None:
-            out.close()
-    return TritonServer(proc, http_port, grpc_port, metrics_port, log_path, shm_before,
-                        exit_timeout, kill_after)
+    launch = (cmd, server_env(model_dir, env, python_bin))
+    server = TritonServer(_popen(launch, log_path, "wb"), http_port, grpc_port, metrics_port, log_path, shm_before,
+                          exit_timeout, kill_after)
+    server._launch = launch
+    if supervise:
+        server.state_dir = state_dir
+        server.supervisor = Supervisor(server, state_dir, ignore=(GATE_MODEL,), log=log)
+    return server

@@ -8,6 +8,8 @@ import json
 
 import triton_python_backend_utils as pb_utils
 
+from paddle_llm_triton.control_bus import ControlBus
+from paddle_llm_triton.drain import Drain
 from paddle_llm_triton.ensemble_pipeline import EnsemblePipeline
 
 
@@ -22,6 +24,12 @@ class TritonPythonModel:
         if unknown:
             raise pb_utils.TritonModelException(f"unknown parameters in config.pbtxt: {sorted(unknown)}")
         self.pipeline = EnsemblePipeline(name=args["model_name"], **steps)
+        # the launcher's drain: refuse new requests, let those in flight finish (their engine
+        # requests are ended by the llm instances' own drain at the deadline)
+        drain = Drain(args["model_name"], args["model_instance_name"], lambda: self.pipeline.in_flight)
+        self.pipeline.drain = drain
+        self.control = ControlBus(args["model_name"], args["model_instance_name"],
+                                  {"drain": drain.on_drain, "status": drain.status})
 
     def execute(self, requests):
         for request in requests:
@@ -29,4 +37,5 @@ class TritonPythonModel:
         return None
 
     def finalize(self):
+        self.control.close()
         self.pipeline.shutdown()

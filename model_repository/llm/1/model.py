@@ -4,8 +4,9 @@ Contract: Triton's vLLM backend (text_input, stream, sampling_parameters JSON, t
 plus TensorRT-LLM's `stop`: a request with stop = true aborts the requests in flight under the
 same Triton request id, on every instance
 (paddle_llm_triton/stop_requests.py). execute() only parses and enqueues; the engine runs on its own
-thread and a responder thread sends the responses. Requests of the `ensemble` pipeline follow the internal
-protocol of paddle_llm_triton/ensemble_protocol.py (marked by its ENSEMBLE_STEP input).
+thread and a responder thread sends the responses. The `ensemble` model's requests do not come
+through Triton: they arrive on this instance's engine channel (paddle_llm_triton/engine_channel/,
+served by paddle_llm_triton/ensemble_steps.py), which never calls pb_utils.
 """
 
 import json
@@ -18,14 +19,20 @@ import numpy as np
 
 from paddle_llm_engine import EngineConfig, EngineDeadError, EngineLoop, InvalidRequestError, LLMEngine
 from paddle_llm_engine.tokenizer import encode_prompt
-from paddle_llm_triton import ensemble_protocol as protocol
 from paddle_llm_triton import tensors as T
 from paddle_llm_triton.config_params import engine_config_from_triton, serving_options
+from paddle_llm_triton.control_bus import ControlBus
+from paddle_llm_triton.drain import Drain, DrainingError
+from paddle_llm_triton.contracts.defaults import apply_default_max_tokens
 from paddle_llm_triton.contracts.vllm import check_max_tokens, from_request_parameters, from_vllm_json
+from paddle_llm_triton.engine_channel.server import ChannelServer
+from paddle_llm_triton.ensemble_steps import EnsembleStepHandler
 from paddle_llm_triton.fault_injection import install_step_fault
+from paddle_llm_triton.health import StallWatchdog
 from paddle_llm_triton.instances import instance_names
 from paddle_llm_triton.metrics import LLMMetrics
 from paddle_llm_triton.responder import Responder, ResponseOptions
+from paddle_llm_triton.restarts import restart_count
 from paddle_llm_triton.stop_requests import StopRequests
 
 log = logging.getLogger("llm")
@@ -41,16 +48,24 @@ class TritonPythonModel:
         self.instance = args["model_instance_name"]
         log.info("llm instance %s: %s", self.instance, cfg)
         self.metrics = LLMMetrics({"model": args["model_name"], "version": str(args["model_version"]),
-                                   "instance": self.instance})
+                                   "instance": self.instance}, restarts_before=restart_count(args["model_name"]))
         self.engine = LLMEngine(cfg)
         install_step_fault(self.engine, opts.fault_inject_after_steps)  # tests only; 0 = off
         self.default_max_tokens = opts.default_max_tokens  # 0: max_model_len - prompt tokens
         self.tokenizer = self.engine.tokenizer
         self.loop = EngineLoop(self.engine, on_state=self.metrics.on_state, on_failure=self._on_engine_failure)
-        self.stops = StopRequests(self.loop.abort, args["model_name"], self.instance,
-                                  instance_names(model_config, args["model_name"]))
+        self.drain = Drain(args["model_name"], self.instance, lambda: self.loop.num_in_flight, self.loop.fail_all)
+        self.control = ControlBus(args["model_name"], self.instance, {}, instance_names(model_config, args["model_name"]))
+        self.stops = StopRequests(self.loop.abort, self.control.publish)
+        self.control.handlers.update(stop=self.stops.on_control, drain=self.drain.on_drain, status=self.drain.status)
         self.responder = Responder(abort=self.loop.abort, decode_token=self._decode_token,
                                    on_finished=lambda out: self.stops.remove(out.request_id))
+        self.channel = ChannelServer(args["model_name"], self.instance, EnsembleStepHandler(
+            self.loop, self.metrics.on_output, self.default_max_tokens, cfg.max_model_len, self.instance,
+            on_rejected=self.metrics.on_rejected, drain=self.drain))
+        self.watchdog = StallWatchdog({"the engine step": lambda: self.loop.step_started_at,
+                                       "a response send to Triton": lambda: self.responder.send_started},
+                                      self.loop.declare_failed, opts.max_step_seconds)
         self.metrics.on_state(self.engine.stats())
         info = self.engine.info()
         self.metrics.on_engine_info(info)
@@ -66,9 +81,9 @@ class TritonPythonModel:
     def _on_engine_failure(self, reason: str):
         """Engine thread, once: the requests in flight already got an error."""
         self.metrics.on_engine_failed()
-        log.error("llm instance %s: engine failed (%s); every new request now fails at once with INTERNAL. "
-                  "Triton 2.51 keeps /v2/models/llm/ready at 200 (a Python model cannot mark itself not ready): "
-                  "watch llm_engine_healthy and restart the server", self.instance, reason)
+        log.error("llm instance %s: engine failed (%s); every new request now fails at once with INTERNAL and "
+                  "llm_engine_healthy is 0: the launcher's supervisor reloads the model (plain tritonserver: "
+                  "Triton 2.51 keeps /v2/models/llm/ready at 200; restart the server)", self.instance, reason)
 
     def _on_output(self, out):
         """Engine-thread callback: both consumers only enqueue."""
@@ -90,6 +105,11 @@ class TritonPythonModel:
                 self.metrics.on_rejected()
                 sender.send(pb_utils.InferenceResponse(
                     error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG)),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            except DrainingError as e:  # the server is shutting down: retry elsewhere
+                self.metrics.on_rejected()
+                sender.send(pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError(str(e), pb_utils.TritonError.UNAVAILABLE)),
                     flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             except EngineDeadError as e:  # fail fast, naming the original failure
                 self.metrics.on_rejected()
@@ -118,31 +138,20 @@ class TritonPythonModel:
             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def _submit(self, request, sender):
+        self.drain.refuse_if_draining()
         self.loop.raise_if_dead()  # fail fast once the engine has failed
-        ensemble = bool(T.get_bool(request, protocol.ENSEMBLE_STEP))  # the pipeline's request
-        ids = T.get_array(request, protocol.INPUT_IDS)
         text = T.get_str(request, "text_input")
-        if ids is not None and not ensemble:
-            raise InvalidRequestError(protocol.INPUT_IDS, "an internal input of the ensemble pipeline; send text_input")
-        num_seqs = T.get_int(request, protocol.NUM_SEQUENCES)
-        want_perf = bool(T.get_bool(request, protocol.RETURN_PERF_METRICS))
-        if not ensemble and (num_seqs is not None or want_perf):
-            name = protocol.NUM_SEQUENCES if num_seqs is not None else protocol.RETURN_PERF_METRICS
-            raise InvalidRequestError(name, "an internal input of the ensemble pipeline")
-        if ids is not None:
-            prompt_ids = [int(x) for x in ids.reshape(-1)]
-        elif text is not None:
-            if text == "":
-                raise InvalidRequestError("text_input", "must not be empty")
-            prompt_ids = encode_prompt(self.tokenizer, text)
-        else:
+        if text is None:
             raise InvalidRequestError("text_input", "required")
+        if text == "":
+            raise InvalidRequestError("text_input", "must not be empty")
+        prompt_ids = encode_prompt(self.tokenizer, text)
         # sampling parameters: the sampling_parameters tensor, else the request's Triton parameters
-        # (the vLLM backend's rule: with the tensor, request parameters are not read); vLLM requests
-        # are range-checked here so that every error names sampling_parameters.<key>
+        # (the vLLM backend's rule: with the tensor, request parameters are not read); range-checked
+        # here so that every error names sampling_parameters.<key>
         sp_text = T.get_str(request, "sampling_parameters")
-        vocab = None if ensemble else self.engine.model_config.vocab_size
-        if sp_text is not None or ensemble:
+        vocab = self.engine.model_config.vocab_size
+        if sp_text is not None:
             params, pflags = from_vllm_json(sp_text, vocab), {}
         else:
             params, pflags = from_request_parameters(request.parameters(), vocab)
@@ -154,44 +163,30 @@ class TritonPythonModel:
 
         limit = self.engine.config.max_model_len
         n_prompt = len(params.truncated_prompt(prompt_ids, limit))
-        if params.max_tokens is None and self.default_max_tokens and n_prompt < limit:
-            params.max_tokens = min(self.default_max_tokens, limit - n_prompt)  # a default never fails
-        if not ensemble:
-            check_max_tokens(params, n_prompt, limit)
+        apply_default_max_tokens(params, n_prompt, limit, self.default_max_tokens)
+        check_max_tokens(params, n_prompt, limit)
         stream = bool(flag("stream"))
         # The prompt text is prepended to a non-streamed answer unless exclude_input_in_output is
-        # True (vLLM backend and TensorRT-LLM semantics alike); a stream never repeats it, and a
-        # vLLM client that asks for it while streaming gets an error, as from the vLLM backend.
+        # True (the vLLM backend's semantics); a stream never repeats it, and a client that asks
+        # for it while streaming gets an error, as from the vLLM backend.
         exclude = flag("exclude_input_in_output")
-        if stream and exclude is False and not ensemble:
+        if stream and exclude is False:
             raise InvalidRequestError("exclude_input_in_output", "False is not allowed when streaming")
-        prepend = text is not None and not stream and not exclude
         want_lp = bool(flag("return_logprobs"))
         want_cum = bool(flag("return_cumulative_logprob"))
         opts = ResponseOptions(
             stream=stream,
-            prompt_text=text if prepend else None,
+            prompt_text=text if not stream and not exclude else None,
             return_finish_reason=bool(flag("return_finish_reason")),
             return_num_input_tokens=bool(flag("return_num_input_tokens")),
             return_num_output_tokens=bool(flag("return_num_output_tokens")),
             return_logprobs=want_lp,
             # vLLM: return_logprobs without `logprobs` asked is JSON null (vLLM computes none)
-            logprobs_null=want_lp and params.logprobs is None and not ensemble,
+            logprobs_null=want_lp and params.logprobs is None,
             skip_special_tokens=params.skip_special_tokens,
-            intermediate_finish_reason="" if ensemble else "None",  # the ensemble protocol's ""
-            return_cumulative_logprob=want_cum or ensemble,
-            # TensorRT-LLM's output_log_probs / cum_log_probs: always present, zeros unless asked
-            return_output_ids=ensemble,
-            zero_logprobs=ensemble and not want_lp,
-            errors_as_output=ensemble,
-            return_sequence_index=ensemble,
-            return_perf_metrics=want_perf,
+            return_cumulative_logprob=want_cum,
         )
-        if num_seqs is not None:  # the ensemble's num_return_sequences (validated by preprocessing)
-            params.n = num_seqs
-        if ensemble and want_lp and params.logprobs is None:
-            params.logprobs = 0  # TensorRT-LLM's output_log_probs: the chosen token's logprob
-        # values are computed only when some output will carry them (the ensemble's zeros do not)
+        # values are computed only when some output will carry them
         params.compute_logprobs = want_lp or want_cum
         rid = uuid.uuid4().hex
         self.responder.register(rid, sender, opts)
@@ -204,8 +199,10 @@ class TritonPythonModel:
             raise
 
     def finalize(self):
+        self.watchdog.close()
+        self.channel.close()
         self.loop.shutdown()
         self.engine.close()  # tensor parallel: stops the worker processes
-        self.stops.close()
+        self.control.close()
         self.responder.shutdown()
         self.metrics.shutdown()

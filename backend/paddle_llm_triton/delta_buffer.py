@@ -1,0 +1,60 @@
+"""What a request's sequences produced since their last response, and when that is worth a response.
+
+Both response paths use it: `llm`'s responder (Triton responses to direct clients) and the engine
+channel's handler (frames to the `ensemble`). Streaming: a response as soon as a sequence has text
+(held-back characters or stop-string prefixes ride along with the next text) or when it ends.
+Non-streamed: one response per sequence, when it ends. A non-streamed answer can start with the
+prompt text (exclude_input_in_output false): `prompt_text` goes before the first flush of each
+sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from paddle_llm_engine.outputs import RequestOutput
+
+
+@dataclass
+class Flush:
+    """One response's worth of one sequence: text (prompt text included where it applies), the token
+    ids and their (logprob, top alternatives) entries since the previous flush."""
+
+    text: str
+    ids: list[int]
+    logprobs: list
+    first: bool  # the sequence's first flush
+
+
+@dataclass
+class _Seq:
+    text: list[str] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)
+    logprobs: list = field(default_factory=list)
+    flushed: bool = False
+
+
+class SequenceBuffers:
+    """Per-sequence buffers of one request (the engine's RequestOutput deltas in, Flushes out)."""
+
+    def __init__(self, stream: bool, prompt_text: str | None = None):
+        self.stream = stream
+        self.prompt_text = prompt_text
+        self._seqs: dict[int, _Seq] = {}
+
+    def add(self, out: RequestOutput) -> Flush | None:
+        """Take one output; return what to send now for its sequence, or None to wait."""
+        s = self._seqs.get(out.sequence_index)
+        if s is None:
+            s = self._seqs[out.sequence_index] = _Seq()
+        s.text.append(out.text)
+        s.ids.extend(out.token_ids)
+        s.logprobs.extend(out.logprobs)
+        text = "".join(s.text)
+        if not (out.sequence_finished or (self.stream and text)):
+            return None
+        if not s.flushed and self.prompt_text is not None:
+            text = self.prompt_text + text
+        flush = Flush(text, s.ids, s.logprobs, first=not s.flushed)
+        s.text, s.ids, s.logprobs, s.flushed = [], [], [], True
+        return flush
