@@ -50,6 +50,7 @@ from paddle_llm_triton import ensemble_protocol as protocol
 from paddle_llm_triton.ensemble_requests import (ClientRequest, Flight, Row, StepError, as_text, batch_row,
                                                  bls_error_code, ensemble_response)
 from paddle_llm_triton.errors import triton_code
+from paddle_llm_triton.request_timeout import timeout_us
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +134,8 @@ class EnsemblePipeline:
         self._reject_unsupported(tensors)
         batch = tensors["text_input"].shape[0] if tensors["text_input"].ndim >= 2 else 1
         rows = [self._preprocess(b, {k: batch_row(v, b, batch) for k, v in tensors.items()}) for b in range(batch)]
-        client = ClientRequest(request.request_id(), sender, remaining=sum(r.n for r in rows))
+        client = ClientRequest(request.request_id(), sender, remaining=sum(r.n for r in rows),
+                               timeout_us=timeout_us(request))  # the engine enforces it (llm's request.timeout())
         flights = []
         for r in rows:
             f = Flight(client, uuid.uuid4().hex)
@@ -198,7 +200,7 @@ class EnsemblePipeline:
         if r.num_output_tokens:
             inputs.append(pb.Tensor("return_num_output_tokens", np.array([True])))
         return pb.InferenceRequest(model_name=self.llm_model, request_id=f.inner_id, inputs=inputs,
-                                   requested_output_names=list(protocol.LLM_OUTPUTS))
+                                   requested_output_names=list(protocol.LLM_OUTPUTS), timeout=f.client.timeout_us)
 
     def _stream_row(self, f: Flight, r: Row, batched: bool) -> None:
         """Relay one row's llm responses to the client (on its own thread for rows after the first)."""

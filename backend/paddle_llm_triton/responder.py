@@ -177,7 +177,7 @@ class Responder:
             return
         if out.finished and self._on_finished is not None:
             self._on_finished(out)
-        if out.finish_reason == "error":
+        if out.finish_reason == "error" or out.error:  # failed, or aborted at its deadline
             if p.opts.errors_as_output:
                 err = ensemble_protocol.encode_error(out.error_code, out.error)
                 self._send(p, pb_utils.InferenceResponse(output_tensors=[

@@ -16,15 +16,18 @@ import triton_python_backend_utils as pb_utils
 
 import numpy as np
 
-from paddle_llm_engine import EngineConfig, EngineDeadError, EngineLoop, InvalidRequestError, LLMEngine
+from paddle_llm_engine import EngineBusyError, EngineConfig, EngineDeadError, EngineLoop, InvalidRequestError, LLMEngine
 from paddle_llm_engine.tokenizer import encode_prompt
 from paddle_llm_triton import ensemble_protocol as protocol
 from paddle_llm_triton import tensors as T
 from paddle_llm_triton.config_params import engine_config_from_triton, serving_options
-from paddle_llm_triton.contracts.vllm import check_max_tokens, from_request_parameters, from_vllm_json
+from paddle_llm_triton.contracts.trtllm import from_pipeline_json
+from paddle_llm_triton.contracts.vllm import (check_max_tokens, check_stream_prompt, from_request_parameters,
+                                              from_vllm_json)
 from paddle_llm_triton.fault_injection import install_step_fault
 from paddle_llm_triton.instances import instance_names
 from paddle_llm_triton.metrics import LLMMetrics
+from paddle_llm_triton.request_timeout import timeout_seconds
 from paddle_llm_triton.responder import Responder, ResponseOptions
 from paddle_llm_triton.stop_requests import StopRequests
 
@@ -87,19 +90,24 @@ class TritonPythonModel:
                 else:
                     self._submit(request, sender)
             except InvalidRequestError as e:
-                self.metrics.on_rejected()
+                self.metrics.on_rejected("invalid")
                 sender.send(pb_utils.InferenceResponse(
                     error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG)),
                     flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            except EngineBusyError as e:  # max_num_waiting reached: refused at once, nothing queued
+                self.metrics.on_rejected("queue_full")
+                sender.send(pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError(str(e), pb_utils.TritonError.UNAVAILABLE)),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             except EngineDeadError as e:  # fail fast, naming the original failure
-                self.metrics.on_rejected()
+                self.metrics.on_rejected("not_serving")
                 sender.send(pb_utils.InferenceResponse(
                     error=pb_utils.TritonError(f"llm instance {self.instance} is not serving: {e}",
                                                pb_utils.TritonError.INTERNAL)),
                     flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             except Exception as e:  # unexpected: fail this request, keep serving
                 log.exception("request rejected")
-                self.metrics.on_rejected()
+                self.metrics.on_rejected("internal")
                 sender.send(pb_utils.InferenceResponse(
                     error=pb_utils.TritonError(f"{type(e).__name__}: {e}", pb_utils.TritonError.INTERNAL)),
                     flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -142,8 +150,8 @@ class TritonPythonModel:
         # are range-checked here so that every error names sampling_parameters.<key>
         sp_text = T.get_str(request, "sampling_parameters")
         vocab = None if ensemble else self.engine.model_config.vocab_size
-        if sp_text is not None or ensemble:
-            params, pflags = from_vllm_json(sp_text, vocab), {}
+        if sp_text is not None or ensemble:  # the pipeline's errors name the ensemble's tensors
+            params, pflags = (from_pipeline_json(sp_text) if ensemble else from_vllm_json(sp_text, vocab)), {}
         else:
             params, pflags = from_request_parameters(request.parameters(), vocab)
 
@@ -163,8 +171,8 @@ class TritonPythonModel:
         # True (vLLM backend and TensorRT-LLM semantics alike); a stream never repeats it, and a
         # vLLM client that asks for it while streaming gets an error, as from the vLLM backend.
         exclude = flag("exclude_input_in_output")
-        if stream and exclude is False and not ensemble:
-            raise InvalidRequestError("exclude_input_in_output", "False is not allowed when streaming")
+        if not ensemble:
+            check_stream_prompt(stream, exclude)
         prepend = text is not None and not stream and not exclude
         want_lp = bool(flag("return_logprobs"))
         want_cum = bool(flag("return_cumulative_logprob"))
@@ -197,7 +205,7 @@ class TritonPythonModel:
         self.responder.register(rid, sender, opts)
         self.stops.add(request.request_id(), rid)
         try:
-            self.loop.submit(rid, prompt_ids, params, self._on_output)
+            self.loop.submit(rid, prompt_ids, params, self._on_output, timeout_s=timeout_seconds(request))
         except Exception:
             self.responder.discard(rid)
             self.stops.remove(rid)
