@@ -46,6 +46,7 @@ import uuid
 
 import numpy as np
 
+from paddle_llm_engine.errors import InvalidRequestError
 from paddle_llm_triton import ensemble_protocol as protocol
 from paddle_llm_triton.ensemble_requests import (ClientRequest, Flight, Row, StepError, as_text, batch_row,
                                                  bls_error_code, ensemble_response)
@@ -124,6 +125,8 @@ class EnsemblePipeline:
             self._generate(request, sender)
         except StepError as e:
             self._send_error(sender, str(e), e.code)
+        except InvalidRequestError as e:  # e.g. a malformed `timeout` request parameter
+            self._send_error(sender, str(e), pb.TritonError.INVALID_ARG)
         except Exception as e:  # a bug here must still end the client's request
             log.exception("ensemble request failed")
             self._send_error(sender, f"{type(e).__name__}: {e}", pb.TritonError.INTERNAL)

@@ -251,3 +251,23 @@ def test_stop_request_stops_every_row_of_the_client_request(monkeypatch, pipe):
     assert set(pb.stops) == inner and len(inner) == 2
     gate.set()
     assert req.sender.done.wait(5)
+
+
+def test_client_timeout_goes_on_to_every_llm_request_of_its_rows(monkeypatch, pipe):
+    """gRPC timeout= (request.timeout()) or HTTP generate's "timeout" parameter: each row's llm BLS
+    request carries it, so the engine enforces the client's deadline; a malformed one is INVALID_ARG."""
+    pb = install(monkeypatch, False)
+    req = client_request(["ab", "c"])
+    req._timeout = 2_500_000
+    run(pipe, req)
+    assert [c.timeout for name, c in pb.calls if name == "llm"] == [2_500_000, 2_500_000]
+    req = client_request(["ab"])
+    req._parameters = '{"timeout": 700000}'
+    run(pipe, req)
+    assert [c.timeout for name, c in pb.calls if name == "llm"][-1] == 700_000
+    req = client_request(["ab"])
+    req._parameters = '{"timeout": "soon"}'
+    sent = run(pipe, req)
+    (err, _), = sent
+    assert err.error().code() == pb.TritonError.INVALID_ARG and err.error().message().startswith(
+        "in ensemble 'ensemble', timeout: ")
