@@ -11,7 +11,7 @@ import types
 
 import pytest
 
-from paddle_llm_engine import EngineBusyError, EngineConfig, EngineLoop, ModelConfig
+from paddle_llm_engine import LLM, EngineBusyError, EngineConfig, EngineLoop, ModelConfig
 from paddle_llm_engine.outputs import EngineStats
 from test_engine_tiny import greedy, make_engine, prompt
 
@@ -184,3 +184,18 @@ def test_deprecated_alias_warns_and_both_names_are_an_error(tiny_model_dir, capl
         EngineConfig(model_dir=tiny_model_dir, max_num_waiting=3, max_waiting_requests=7)
     with pytest.raises(ValueError, match="max_waiting_requests must be > 0"):
         EngineConfig(model_dir=tiny_model_dir, max_waiting_requests=0)
+
+
+def test_offline_llm_runs_more_prompts_than_the_admission_limit(tiny_model_dir):
+    """LLM.generate is a batch job: its prompts join as the queue drains instead of failing."""
+    llm = LLM(tiny_model_dir, device="cpu", block_size=16, num_kv_blocks=64, max_model_len=128, max_num_seqs=2,
+              max_num_waiting=2, num_threads=2)
+    prompts = [prompt(6 + i, i) for i in range(9)]
+    outs = llm.generate(prompts, greedy(3))
+    assert [o.finish_reason for o in outs] == ["length"] * 9 and all(len(o.token_ids) == 3 for o in outs)
+    solo = make_engine(tiny_model_dir)
+    solo.add_request("s", prompts[7], greedy(3))
+    tokens = []
+    while solo.has_unfinished_requests():
+        tokens += [t for o in solo.step() for t in o.token_ids]
+    assert outs[7].token_ids == tokens
