@@ -81,8 +81,9 @@ class Deadline:
         """The error a timed-out request ends with."""
         n = num_output_tokens
         where = f"{n} token{'s' if n > 1 else ''} generated" if n else "aborted before its first token"
-        return (f"deadline exceeded: the request ran {now - arrival:.1f} s ({self.source} {_seconds(self.seconds)} s); "
-                f"{where}")
+        ran = now - arrival
+        ran_text = f"{ran:.1f}" if ran >= 1 else f"{ran:.2f}"
+        return f"deadline exceeded: the request ran {ran_text} s ({self.source} {_seconds(self.seconds)} s); {where}"
 
 
 def _seconds(x: float) -> str:

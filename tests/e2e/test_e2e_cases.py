@@ -333,10 +333,12 @@ def test_ensemble_non_finite_floats_are_invalid_arg_naming_the_tensor(triton_ser
                                  "frequency_penalty"])
 def test_llm_non_finite_floats_are_invalid_arg_naming_the_key(triton_server, key):
     for value in ("inf", "nan"):
-        r = llm_stream(triton_server.grpc_url, "Hello", stream=True, sampling_parameters={key: value, "max_tokens": "4"})
+        r = llm_stream(triton_server.grpc_url, "Hello", stream=True,
+                       sampling_parameters={key: value, "max_tokens": "4"})
         msg = assert_grpc_invalid(r, f"sampling_parameters.{key}")
         assert "must be a finite number" in msg, msg
-    h = http_generate(triton_server.http_base, "llm", {"text_input": "Hello", "sampling_parameters": f'{{"{key}": "inf"}}'})
+    h = http_generate(triton_server.http_base, "llm",
+                      {"text_input": "Hello", "sampling_parameters": f'{{"{key}": "inf"}}'})
     assert "must be a finite number" in assert_http_invalid(h, f"sampling_parameters.{key}")
 
 

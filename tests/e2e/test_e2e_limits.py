@@ -26,7 +26,7 @@ pytestmark = pytest.mark.e2e
 LONG = {"temperature": "0", "max_tokens": "4000", "ignore_eos": "true"}
 LONG_ENSEMBLE = dict(max_tokens=4000, min_tokens=4000, temperature=0.0, stream=True)
 PROMPT = "Tell me a very long story about a lighthouse keeper."
-DEADLINE = re.compile(r"deadline exceeded: the request ran (\d+\.\d) s \((timeout|max_request_seconds) "
+DEADLINE = re.compile(r"deadline exceeded: the request ran (\d+\.\d+) s \((timeout|max_request_seconds) "
                       r"([\d.]+) s\); (\d+ tokens? generated|aborted before its first token)")
 
 

@@ -120,7 +120,7 @@ def test_the_nearer_deadline_wins_and_zero_means_none(tiny_model_dir, clock):
     eng.add_request("a", prompt(8, 1), greedy(40), arrival_time=clock.now, timeout_s=0.25)
     clock.now += 0.25
     (out,) = eng.step()
-    assert out.error == "deadline exceeded: the request ran 0.2 s (timeout 0.25 s); aborted before its first token"
+    assert out.error == "deadline exceeded: the request ran 0.25 s (timeout 0.25 s); aborted before its first token"
     with pytest.raises(ValueError, match="timeout_s must be >= 0"):
         eng.add_request("b", prompt(8, 1), greedy(4), timeout_s=-1.0)
     with pytest.raises(ValueError, match="max_request_seconds must be >= 0"):
