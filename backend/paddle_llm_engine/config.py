@@ -3,9 +3,20 @@
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+# max_num_waiting 0 (the default) = this many times max_num_seqs (128 at the default 32): room for a
+# burst of four full batches, while a waiting request still waits at most about four request
+# lifetimes of the running batch before it runs (README "Engine settings").
+WAITING_PER_SEQ_SLOT = 4
+# deprecated EngineConfig / config.pbtxt names -> the current field
+DEPRECATED_ALIASES = {"max_waiting_requests": "max_num_waiting"}
 
 
 # HF transformers' defaults for fields a config.json may omit, where a family's config class differs
@@ -225,7 +236,16 @@ class EngineConfig:
     max_model_len: prompt + output limit per sequence; 0 means the model's max_position_embeddings.
     num_threads: CPU threads for Paddle kernels; 0 means all cores.
     enable_prefix_caching: 1 reuses KV blocks of equal prompt prefixes across requests; 0 disables.
-    max_waiting_requests: queue bound; past it new requests fail with "server busy".
+    max_num_waiting: admission limit: requests admitted and not finished that are not running
+        (submitted and not yet applied by the engine thread, plus the scheduler's waiting and
+        preempted sequences). At the limit a new request is refused at once (EngineBusyError,
+        Triton UNAVAILABLE). 0 (the default) = WAITING_PER_SEQ_SLOT x max_num_seqs (128 with the
+        default max_num_seqs 32); resolved by validate().
+    max_waiting_requests: deprecated alias of max_num_waiting (logs a warning); setting both is a
+        ValueError.
+    max_request_seconds: server-side deadline of every request, in seconds from its arrival at the
+        engine; 0 = none. A request's own timeout (add_request timeout_s) can only shorten it. At the
+        deadline the engine aborts the request and frees its KV blocks (LLMEngine.add_request).
     dtype: weights and activations: "auto" (the fastest dtype the place has kernels for: float32
         on CPU), "float32", "bfloat16", "float16"; a dtype the place lacks kernels for is refused.
     kv_cache_dtype: "auto" (= dtype) or a dtype; narrower than dtype is storage only (half the memory
@@ -254,12 +274,25 @@ class EngineConfig:
     max_model_len: int = 0
     num_threads: int = 0
     enable_prefix_caching: int = 1
-    max_waiting_requests: int = 1024
+    max_num_waiting: int = 0
+    max_request_seconds: float = 0.0
     dtype: str = "auto"
     kv_cache_dtype: str = "auto"
     kernels: str = "auto"
     quantization: str = ""
     tensor_parallel_size: int = 1
+    max_waiting_requests: InitVar[int | None] = None
+
+    def __post_init__(self, max_waiting_requests: int | None) -> None:
+        if max_waiting_requests is None:
+            return
+        if self.max_num_waiting:
+            raise ValueError(f"max_num_waiting ({self.max_num_waiting}) and its deprecated alias max_waiting_requests "
+                             f"({max_waiting_requests}) are both set: set max_num_waiting only")
+        if max_waiting_requests <= 0:  # under the old name 0 never meant "the default"
+            raise ValueError(f"max_waiting_requests must be > 0, got {max_waiting_requests}")
+        log.warning("max_waiting_requests is deprecated: use max_num_waiting (set to %d)", max_waiting_requests)
+        self.max_num_waiting = max_waiting_requests
 
     def validate(self, model: ModelConfig) -> None:
         """Resolve defaults against the model and check ranges; raises ValueError naming the field."""
@@ -283,8 +316,13 @@ class EngineConfig:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if self.prefill_chunk_size < 0:
             raise ValueError(f"prefill_chunk_size must be >= 0 (0 = no cap), got {self.prefill_chunk_size}")
-        if self.max_waiting_requests <= 0:
-            raise ValueError(f"max_waiting_requests must be > 0, got {self.max_waiting_requests}")
+        if self.max_num_waiting < 0:
+            raise ValueError(f"max_num_waiting must be >= 0 (0 = {WAITING_PER_SEQ_SLOT} x max_num_seqs), "
+                             f"got {self.max_num_waiting}")
+        if self.max_num_waiting == 0:
+            self.max_num_waiting = WAITING_PER_SEQ_SLOT * self.max_num_seqs
+        if not (math.isfinite(self.max_request_seconds) and self.max_request_seconds >= 0):
+            raise ValueError(f"max_request_seconds must be >= 0 (0 = no limit), got {self.max_request_seconds}")
         if self.num_kv_blocks < 0 or self.kv_cache_memory_bytes <= 0:
             raise ValueError("num_kv_blocks must be >= 0 and kv_cache_memory_bytes > 0")
         if self.quantization not in ("", "wint8"):

@@ -6,8 +6,12 @@ Synchronous and single-threaded; `engine_loop.EngineLoop` runs it on its own thr
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
+import math
 import time
+from dataclasses import dataclass
 
 from paddle_llm_engine.block_manager import BlockManager
 from paddle_llm_engine.config import EngineConfig, ModelConfig
@@ -17,7 +21,7 @@ from paddle_llm_engine.guided import GuidedDecoding
 from paddle_llm_engine.outputs import EngineStats, RequestOutput
 from paddle_llm_engine.platforms import resolve_device
 from paddle_llm_engine.runner import create_runner
-from paddle_llm_engine.sampling_params import SamplingParams
+from paddle_llm_engine.sampling_params import SamplingParams, check_prompt_length
 from paddle_llm_engine.scheduler import Scheduler
 from paddle_llm_engine.sequence import Sequence
 from paddle_llm_engine.tokenizer import load_tokenizer
@@ -46,11 +50,45 @@ class _Request:
         self.states = states
         self.pending = [st.seq for st in states[1:]]
         self.unfinished = len(states)
+        self.deadline: Deadline | None = None
 
     @property
     def seq(self) -> Sequence:
         """Sequence 0 (the only one when n = 1)."""
         return self.states[0].seq
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """When a request must be over. at: time.monotonic() seconds; seconds: the limit it came from,
+    counted from the request's arrival; source: which limit that is ("timeout": the caller's,
+    "max_request_seconds": the engine setting), named in the error."""
+
+    at: float
+    seconds: float
+    source: str
+
+    @staticmethod
+    def earliest(arrival: float, timeout_s: float | None, max_request_seconds: float) -> "Deadline | None":
+        """The nearer of the caller's timeout and max_request_seconds (each None / 0 = none)."""
+        best = None
+        for seconds, source in ((timeout_s, "timeout"), (max_request_seconds, "max_request_seconds")):
+            if seconds and (best is None or seconds < best.seconds):
+                best = Deadline(arrival + seconds, float(seconds), source)
+        return best
+
+    def message(self, now: float, arrival: float, num_output_tokens: int) -> str:
+        """The error a timed-out request ends with."""
+        n = num_output_tokens
+        where = f"{n} token{'s' if n > 1 else ''} generated" if n else "aborted before its first token"
+        ran = now - arrival
+        ran_text = f"{ran:.1f}" if ran >= 1 else f"{ran:.2f}"
+        return f"deadline exceeded: the request ran {ran_text} s ({self.source} {_seconds(self.seconds)} s); {where}"
+
+
+def _seconds(x: float) -> str:
+    """2.0 -> "2.0", 0.25 -> "0.25": one decimal unless the value needs more."""
+    return f"{x:.1f}" if round(x, 1) == x else f"{x:g}"
 
 
 class LLMEngine:
@@ -73,6 +111,11 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.prefill_chunk_size)
         self.requests: dict[str, _Request] = {}
+        # (deadline.at, tie-breaker, request id, _Request): earliest first. Entries of requests
+        # that ended otherwise stay until popped or compacted (see _expire_deadlines).
+        self._deadlines: list = []
+        self._deadline_seq = itertools.count()
+        self.num_timed_out = 0
         self.num_steps = 0
         # guided decoding: llguidance tokenizer built on the first guided request, not here
         self.guided = GuidedDecoding(config.model_dir, self.model_config.vocab_size, self.eos_token_ids)
@@ -84,7 +127,7 @@ class LLMEngine:
     def info(self) -> dict[str, str]:
         """What this engine runs on, as strings: device, dtype, kv_cache_dtype, kernels (the optional
         kernels the platform layer turned on, ';'-joined, or "composed"), quantization ("none" or
-        "wint8"), tensor_parallel_size."""
+        "wint8"), tensor_parallel_size, and the admission limits max_num_seqs and max_num_waiting."""
         plan = getattr(self.runner, "plan", None)
         kernels = "composed"
         if plan is not None and any(plan.kernels.values()):
@@ -96,7 +139,9 @@ class LLMEngine:
                 "kv_cache_dtype": plan.kv_cache_dtype if plan else self.config.kv_cache_dtype,
                 "kernels": kernels if plan else self.config.kernels,
                 "quantization": self.config.quantization or "none",
-                "tensor_parallel_size": str(self.config.tensor_parallel_size)}
+                "tensor_parallel_size": str(self.config.tensor_parallel_size),
+                "max_num_seqs": str(self.config.max_num_seqs),
+                "max_num_waiting": str(self.config.max_num_waiting)}
 
     @property
     def eos_token_ids(self) -> list[int]:
@@ -106,24 +151,38 @@ class LLMEngine:
         eos = getattr(self.tokenizer, "eos_token_id", None)
         return [eos] if eos is not None else []
 
+    @property
+    def num_waiting(self) -> int:
+        """Sequences in the scheduler's waiting queue (new and preempted)."""
+        return len(self.scheduler.waiting)
+
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    arrival_time: float | None = None) -> None:
-        """Queue a request. Raises InvalidRequestError (field named) or ValueError (duplicate id)."""
+                    arrival_time: float | None = None, timeout_s: float | None = None) -> None:
+        """Queue a request.
+
+        prompt_token_ids: the prompt's token ids (at least 1, below the vocabulary size).
+        arrival_time: time.monotonic() seconds when the request arrived (default: now); latency
+            metrics and the deadline count from it.
+        timeout_s: the caller's deadline in seconds from arrival (None or 0 = none). The nearer of it
+            and the max_request_seconds setting applies: at that time the engine aborts the request
+            wherever it is (waiting or running), frees its KV blocks, and its final output has
+            finish_reason "abort", timed_out True and `error` saying "deadline exceeded: ...".
+        Raises InvalidRequestError (field named), EngineBusyError (max_num_waiting sequences are
+        already waiting: a backstop, EngineLoop.submit refuses earlier) or ValueError (duplicate id,
+        a negative or non-finite timeout)."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in flight")
-        if len(self.scheduler.waiting) >= self.config.max_waiting_requests:
-            raise EngineBusyError(f"server busy: {len(self.scheduler.waiting)} requests already waiting "
-                                  f"(max_waiting_requests); retry later")
+        if timeout_s is not None and not (math.isfinite(timeout_s) and timeout_s >= 0):
+            raise ValueError(f"timeout_s must be >= 0 seconds (0 = none), got {timeout_s}")
+        if self.num_waiting >= self.config.max_num_waiting:
+            raise EngineBusyError(self.num_waiting, self.config.max_num_waiting)
         n = len(prompt_token_ids)
         limit = self.config.max_model_len
         if n == 0:
             raise InvalidRequestError("text_input", "the prompt is empty (0 tokens)")
         prompt_token_ids = params.truncated_prompt(prompt_token_ids, limit)  # truncate_prompt_tokens
         n = len(prompt_token_ids)
-        if n >= limit:
-            raise InvalidRequestError(
-                "text_input", f"the prompt has {n} tokens; max_model_len is {limit}, which leaves no room "
-                              f"for output (the prompt must be at most {limit - 1} tokens)")
+        check_prompt_length(n, limit)
         vocab = self.model_config.vocab_size
         bad = [t for t in (min(prompt_token_ids), max(prompt_token_ids)) if not 0 <= t < vocab]
         if bad:  # the embedding lookup would fail the whole step, and with it every request in flight
@@ -141,7 +200,11 @@ class LLMEngine:
             stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos))
             seq.guide = self.guided.new_state(params.guide, sorted(stop_ids))
         seqs = [seq] + self._siblings(seq)
-        self.requests[request_id] = _Request([_RequestState(s, self.tokenizer) for s in seqs])
+        req = _Request([_RequestState(s, self.tokenizer) for s in seqs])
+        req.deadline = Deadline.earliest(seq.arrival_time, timeout_s, self.config.max_request_seconds)
+        self.requests[request_id] = req
+        if req.deadline is not None:
+            heapq.heappush(self._deadlines, (req.deadline.at, next(self._deadline_seq), request_id, req))
         self.scheduler.add(seq)
 
     def _siblings(self, seq: Sequence) -> list[Sequence]:
@@ -167,6 +230,31 @@ class LLMEngine:
         req.unfinished = 0
         return self._output(req, req.states[0], "", seq_finished=True, reason="abort")
 
+    def _expire_deadlines(self, now: float) -> list[RequestOutput]:
+        """Abort every request whose deadline has passed (waiting or running); their final outputs.
+        Cost per step: a heap peek, plus log(n) per request that times out; entries of requests
+        that already ended are dropped when they surface or when they outnumber the live ones."""
+        outputs = []
+        heap = self._deadlines
+        while heap and heap[0][0] <= now:
+            _, _, rid, req = heapq.heappop(heap)
+            if self.requests.get(rid) is not req:  # ended before its deadline (or the id was reused)
+                continue
+            seq = req.seq
+            n_out = max(st.seq.num_output_tokens for st in req.states)
+            out = self.abort_request(rid)
+            out.error = req.deadline.message(now, seq.arrival_time, n_out)
+            out.error_code = "unavailable"
+            out.timed_out = True
+            self.num_timed_out += 1
+            log.info("request %s: %s", rid, out.error)
+            outputs.append(out)
+        if len(heap) > 64 and len(heap) > 2 * len(self.requests):
+            live = [e for e in heap if self.requests.get(e[2]) is e[3]]
+            heapq.heapify(live)
+            self._deadlines = live
+        return outputs
+
     def stats(self) -> EngineStats:
         sch = self.scheduler
         return EngineStats(running=len(sch.running), waiting=len(sch.waiting),
@@ -188,10 +276,12 @@ class LLMEngine:
         """Schedule, run the model once, and return an output for every request that advanced.
 
         return_logits: attach each sampled position's raw logits ([V] fp32) to its output
-        (reference tests; costs a copy per row)."""
+        (reference tests; costs a copy per row). Requests past their deadline are aborted first
+        (their outputs come first in the list)."""
+        expired = self._expire_deadlines(time.monotonic()) if self._deadlines else []
         sched = self.scheduler.schedule()
         if not sched.scheduled:
-            return []
+            return expired
         for s in sched.scheduled:  # n > 1: the other sequences fork when sequence 0 samples first
             if s.samples and s.seq.num_output_tokens == 0:
                 req = self.requests.get(s.seq.request_id)
@@ -199,7 +289,7 @@ class LLMEngine:
                     s.forks = req.pending
         result = self.runner.execute(sched.scheduled, return_logits=return_logits, copies=sched.copies)
         self.num_steps += 1
-        return self._update_from_output(sched.scheduled, result, return_logits)
+        return expired + self._update_from_output(sched.scheduled, result, return_logits)
 
     def _update_from_output(self, scheduled, result, return_logits: bool) -> list[RequestOutput]:
         """Apply one step's StepResult: the only place where sequence, block and scheduler state

@@ -3,6 +3,10 @@
 Callers submit and abort from any thread; commands reach the engine thread through a queue and
 are applied between steps. Each request's outputs go to the callback given at submission, called
 on the engine thread: callbacks must be quick (the Triton glue only enqueues).
+Admission is decided in the caller's thread, at once: the loop counts the requests that are
+admitted, not finished and not running (submitted but not yet applied, plus the scheduler's
+waiting queue as of the last step or command) and submit raises EngineBusyError when that count
+reaches max_num_waiting, instead of letting the request wait behind a step that may take seconds.
 If a step raises, every request in flight gets an error output, the loop stops, `healthy` turns
 False, `on_failure(reason)` is called once, and every later submit raises EngineDeadError (the
 Triton glue answers it at once with an INTERNAL error naming the original failure). A step that
@@ -43,6 +47,10 @@ class EngineLoop:
         self._callbacks: dict[str, OutputCallback] = {}
         # guards _callbacks and the failure hand-over between the engine thread and declare_failed()
         self._lock = threading.Lock()
+        # admission count (see the module docstring), under _admission
+        self._admission = threading.Lock()
+        self._queued = 0           # "add" commands not yet applied by the engine thread
+        self._engine_waiting = engine.num_waiting  # refreshed on the engine thread
         self._stopping = False
         self.error: str | None = None
         self.step_started_at: float | None = None  # time.monotonic() of the step in progress
@@ -53,13 +61,30 @@ class EngineLoop:
     def healthy(self) -> bool:
         return self.error is None and self._thread.is_alive()
 
+    @property
+    def num_waiting(self) -> int:
+        """Requests admitted and not finished that are not running (what max_num_waiting bounds)."""
+        with self._admission:
+            return self._queued + self._engine_waiting
+
     def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-               callback: OutputCallback) -> None:
-        """Queue a request. Validation errors arrive through the callback as finish_reason "error"
-        with `error` naming the field, so that the caller has one path for every outcome.
-        Raises EngineDeadError when the engine has failed."""
+               callback: OutputCallback, timeout_s: float | None = None) -> None:
+        """Queue a request; thread-safe, never blocks on the engine.
+
+        timeout_s: the caller's deadline in seconds from now (None or 0 = none); see
+        LLMEngine.add_request (the engine's max_request_seconds applies as well).
+        Validation errors arrive through the callback as finish_reason "error" with `error` naming
+        the field, so that the caller has one path for every outcome.
+        Raises EngineDeadError when the engine has failed, and EngineBusyError (nothing queued) when
+        max_num_waiting requests are already waiting."""
         self.raise_if_dead()
-        self._commands.put(("add", request_id, prompt_token_ids, params, callback, time.monotonic()))
+        limit = self.engine.config.max_num_waiting
+        with self._admission:
+            waiting = self._queued + self._engine_waiting
+            if waiting >= limit:
+                raise EngineBusyError(waiting, limit)
+            self._queued += 1
+        self._commands.put(("add", request_id, prompt_token_ids, params, callback, time.monotonic(), timeout_s))
 
     def raise_if_dead(self) -> None:
         """Raise EngineDeadError (naming the original failure) unless the loop is running."""
@@ -103,20 +128,25 @@ class EngineLoop:
     def _apply(self, cmd) -> None:
         kind = cmd[0]
         if kind == "add":
-            _, rid, ids, params, cb, t = cmd
+            _, rid, ids, params, cb, t, timeout_s = cmd
             try:
-                self.engine.add_request(rid, ids, params, arrival_time=t)
+                self.engine.add_request(rid, ids, params, arrival_time=t, timeout_s=timeout_s)
             except (ValueError, EngineBusyError) as e:  # InvalidRequestError included
-                code = "unavailable" if isinstance(e, EngineBusyError) else "invalid_arg"
+                busy = isinstance(e, EngineBusyError)
+                self._refresh_waiting(applied_add=True)
                 cb(RequestOutput(request_id=rid, finished=True, finish_reason="error", error=str(e),
-                                 error_code=code, num_prompt_tokens=len(ids), arrival_time=t))
+                                 error_code="unavailable" if busy else "invalid_arg",
+                                 rejected="queue_full" if busy else "invalid",
+                                 num_prompt_tokens=len(ids), arrival_time=t))
                 if getattr(e, "field", None) is None:
                     log.warning("request %s rejected: %s", rid, e)
                 return
+            self._refresh_waiting(applied_add=True)
             with self._lock:
                 self._callbacks[rid] = cb
         elif kind == "abort":
             out = self.engine.abort_request(cmd[1])
+            self._refresh_waiting()
             with self._lock:
                 cb = self._callbacks.pop(cmd[1], None)
             if out is not None and cb is not None:
@@ -126,10 +156,19 @@ class EngineLoop:
                 callbacks, self._callbacks = self._callbacks, {}
             for rid in callbacks:
                 self.engine.abort_request(rid)
+            self._refresh_waiting()
             log.warning("failing %d requests in flight: %s", len(callbacks), cmd[1])
             for rid, cb in callbacks.items():
                 cb(RequestOutput(request_id=rid, finished=True, finish_reason="error", error=cmd[1],
                                  error_code=cmd[2]))
+
+    def _refresh_waiting(self, applied_add: bool = False) -> None:
+        """Engine thread: the admission count follows the engine (an applied "add" moves from
+        queued to the scheduler's waiting queue, or out when refused)."""
+        with self._admission:
+            if applied_add:
+                self._queued -= 1
+            self._engine_waiting = self.engine.num_waiting
 
     def _drain_commands(self) -> bool:
         """Apply queued commands; block for one when the engine is idle. False on "stop"."""
@@ -178,6 +217,7 @@ class EngineLoop:
                     cb(out)
                 except Exception:
                     log.exception("output callback of request %s failed", out.request_id)
+            self._refresh_waiting()
             self._report_state()
 
     def _on_step_error(self, reason: str) -> None:

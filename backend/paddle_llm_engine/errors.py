@@ -15,4 +15,11 @@ class EngineDeadError(RuntimeError):
 
 
 class EngineBusyError(RuntimeError):
-    """The waiting queue is full; the request was not queued (mapped to Triton UNAVAILABLE)."""
+    """The request was refused because `waiting` requests (admitted, not finished, not running)
+    already reach the admission limit `limit` (max_num_waiting); nothing was queued. Mapped to
+    Triton UNAVAILABLE: the client may retry later or elsewhere."""
+
+    def __init__(self, waiting: int, limit: int):
+        super().__init__(f"server busy: {waiting} requests waiting (max_num_waiting {limit}); retry later")
+        self.waiting = waiting
+        self.limit = limit

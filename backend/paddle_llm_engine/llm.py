@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 from paddle_llm_engine.config import EngineConfig
@@ -27,10 +28,12 @@ class LLM:
 
     def generate(self, prompts: list[str] | list[list[int]], params: SamplingParams | list[SamplingParams]
                  ) -> list[Completion]:
-        """Submit all prompts at once (continuous batching) and run until every one finishes.
+        """Run every prompt to its end with continuous batching: prompts join the engine as long as
+        fewer than max_num_waiting wait (the serving admission limit is not an error here, so any
+        number of prompts can be given), in order.
 
         prompts: strings (tokenized as the tokenizer config says) or token id lists.
-        Raises InvalidRequestError for a bad prompt or parameter.
+        Raises InvalidRequestError for a bad prompt or parameter (when that prompt joins).
         """
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
@@ -39,15 +42,22 @@ class LLM:
                              "(LLMEngine serves n > 1, one output per sequence)")
         ids = [p if isinstance(p, list) else encode_prompt(self.tokenizer, p) for p in prompts]
         rids = [f"offline-{i}" for i in range(len(prompts))]
-        for rid, p, sp in zip(rids, ids, params):
-            self.engine.add_request(rid, p, sp)
+        pending = deque(zip(rids, ids, params))
+        limit = self.engine.config.max_num_waiting
+
+        def feed():
+            while pending and self.engine.num_waiting < limit:
+                self.engine.add_request(*pending.popleft())
+
         texts = {r: [] for r in rids}
         toks = {r: [] for r in rids}
         reasons = {}
+        feed()
         while self.engine.has_unfinished_requests():
             for out in self.engine.step():
                 texts[out.request_id].append(out.text)
                 toks[out.request_id].extend(out.token_ids)
                 if out.finished:
                     reasons[out.request_id] = out.finish_reason
+            feed()
         return [Completion(p, toks[r], "".join(texts[r]), reasons[r]) for r, p in zip(rids, ids)]

@@ -16,7 +16,12 @@ class RequestOutput:
         belongs to, and whether that sequence has ended (always true with finished). With n = 1
         both flags are the same.
     finish_reason: "stop" | "length" | "abort" | "error" when the sequence finished, else None.
-    error: message when finish_reason is "error".
+    error: message when the request failed: finish_reason "error", or "abort" with timed_out.
+    error_code: with error: "invalid_arg" | "unavailable" | "internal" (the Triton glue's codes).
+    rejected: why the engine refused the request before it was queued ("invalid": a bad field,
+        "queue_full": max_num_waiting reached), else None; finish_reason is then "error".
+    timed_out: the engine aborted the request at its deadline (finish_reason "abort", error says
+        "deadline exceeded: ...", error_code "unavailable").
     Times are time.monotonic() seconds. Request-level (all sequences): first_token_time (first
     token sampled), last_token_time (latest token sampled), num_new_blocks (KV blocks allocated
     fresh, copies on write included), num_reused_blocks (blocks found in the prefix cache).
@@ -28,7 +33,9 @@ class RequestOutput:
     finished: bool = False
     finish_reason: str | None = None
     error: str | None = None
-    error_code: str = "invalid_arg"  # with finish_reason "error": invalid_arg | unavailable | internal
+    error_code: str = "invalid_arg"
+    rejected: str | None = None
+    timed_out: bool = False
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     arrival_time: float = 0.0

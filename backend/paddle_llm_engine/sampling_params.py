@@ -10,6 +10,19 @@ from paddle_llm_engine.guided import GuideSpec
 
 
 MAX_SEQUENCES = 64  # bound of SamplingParams.n
+FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+
+
+def check_prompt_length(num_prompt_tokens: int, max_model_len: int) -> None:
+    """The prompt alone must leave room for one generated token. Raises InvalidRequestError naming
+    text_input with the prompt's length and the limit (the contracts raise the same text)."""
+    n, limit = num_prompt_tokens, max_model_len
+    if n > limit:
+        raise InvalidRequestError("text_input", f"the prompt has {n} tokens, more than max_model_len {limit} "
+                                                f"(at most {limit - 1} prompt tokens, to leave room for output)")
+    if n == limit:
+        raise InvalidRequestError("text_input", f"the prompt has {n} tokens, as many as max_model_len {limit}, "
+                                                f"which leaves no room for output (at most {limit - 1})")
 
 
 @dataclass
@@ -88,7 +101,12 @@ class SamplingParams:
     def validate(self, vocab_size: int) -> None:
         """The engine's rules, which are also the vLLM-backend contract's (the Triton adapter's
         TensorRT-LLM contract states where it differs). Raises InvalidRequestError naming the first
-        bad field; token ids must be in [0, vocab_size)."""
+        bad field; token ids must be in [0, vocab_size); every float must be finite (inf and NaN
+        pass some range checks, e.g. inf >= 0, and would reach the sampler)."""
+        for name in FLOAT_FIELDS:
+            v = getattr(self, name)
+            if not math.isfinite(v):
+                raise InvalidRequestError(name, f"must be a finite number, got {v}")
         if not (self.temperature >= 0.0):
             raise InvalidRequestError("temperature", f"must be >= 0, got {self.temperature}")
         if self.top_k < -1:
@@ -128,7 +146,7 @@ class SamplingParams:
             if not (0 <= t < vocab_size):
                 raise InvalidRequestError("logit_bias", f"token id {t} outside the vocabulary [0, {vocab_size})")
             if not math.isfinite(b):
-                raise InvalidRequestError("logit_bias", f"the bias of token {t} must be finite, got {b}")
+                raise InvalidRequestError("logit_bias", f"the bias of token {t} must be a finite number, got {b}")
         if self.allowed_token_ids is not None:
             if not self.allowed_token_ids:
                 raise InvalidRequestError("allowed_token_ids", "must not be empty")

@@ -6,7 +6,9 @@ The model_repository/*/1/model.py files are thin; the work they delegate lives h
 - config_params.py, instances.py: config.pbtxt parameters -> EngineConfig, instance -> device
 - responder.py: the thread that turns engine outputs into Triton responses (and sees cancellation)
 - metrics.py: the thread that makes every pb_utils.MetricFamily call
-- stop_requests.py, abort_bus.py: TensorRT-LLM `stop` by request id, across instances
+- stop_requests.py: TensorRT-LLM `stop` by request id, across instances over control_bus.py (datagrams
+  between our processes: stop ids, the launcher's drain / status); drain.py: refuse new requests,
+  let the rest finish; health.py: the stall watchdog; restarts.py: the supervisor's restart count
 - ensemble_pipeline.py: the `ensemble` BLS model (preprocessing -> an llm instance's engine ->
   postprocessing), the state of its requests in ensemble_requests.py
 - engine_channel/: how the ensemble reaches the llm instances' engines (Unix sockets, not BLS);

@@ -3,7 +3,9 @@
 Every EngineConfig field is a config parameter of the same name with EngineConfig's default
 (an empty string_value also means the default). The one environment fallback: `model_dir` empty
 in config.pbtxt -> PADDLE_LLM_MODEL_DIR, which the launcher sets from MODEL_DIR; a non-empty config
-value always wins. Unknown parameter names are an error naming them.
+value always wins. Unknown parameter names are an error naming them. Deprecated names
+(config.DEPRECATED_ALIASES: max_waiting_requests for max_num_waiting) are still accepted with a
+warning; a config that sets both names is an error.
 
 Serving-only parameters (not engine settings):
 - gcu_device_ids: "0;1;2;3" maps instance ordinal k (instances.py: "llm_0_1" -> 1) to
@@ -31,7 +33,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
-from paddle_llm_engine.config import EngineConfig
+from paddle_llm_engine.config import DEPRECATED_ALIASES, EngineConfig
 from paddle_llm_triton.instances import instance_ordinal
 
 MODEL_DIR_ENV = "PADDLE_LLM_MODEL_DIR"
@@ -87,9 +89,12 @@ def check_known(model_config: dict) -> dict[str, str]:
     """The raw parameters; raises ValueError naming unknown ones and listing the accepted names."""
     raw = _raw(model_config)
     known = set(engine_fields()) | SERVING_KEYS
-    unknown = sorted(set(raw) - known)
+    unknown = sorted(set(raw) - known - set(DEPRECATED_ALIASES))
     if unknown:
         raise ValueError(f"unknown parameters in config.pbtxt: {unknown} (accepted: {', '.join(sorted(known))})")
+    for old, new in DEPRECATED_ALIASES.items():
+        if raw.get(old, "").strip() and raw.get(new, "").strip():
+            raise ValueError(f"config.pbtxt sets both {new} and its deprecated alias {old}: set {new} only")
     return raw
 
 
@@ -127,7 +132,9 @@ def engine_config_from_triton(model_config: dict, args: dict) -> EngineConfig:
     fields = engine_fields()
     kwargs = {}
     for k, v in raw.items():
-        if k in fields and v.strip() != "":
+        if k in DEPRECATED_ALIASES and v.strip() != "":  # EngineConfig warns and maps it
+            kwargs[k] = _convert(k, fields[DEPRECATED_ALIASES[k]], v)
+        elif k in fields and v.strip() != "":
             kwargs[k] = _convert(k, fields[k], v) if fields[k] != "str" else v
     kwargs["model_dir"] = resolve_model_dir(model_config)
     opts = serving_options(model_config)

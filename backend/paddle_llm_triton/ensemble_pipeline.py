@@ -43,12 +43,14 @@ import uuid
 
 import numpy as np
 
+from paddle_llm_engine.errors import InvalidRequestError
 from paddle_llm_triton import ensemble_protocol as protocol
 from paddle_llm_triton.drain import DrainingError
 from paddle_llm_triton.engine_channel.client import ChannelClient, ChannelClosed, ChannelUnavailable
 from paddle_llm_triton.ensemble_requests import (ClientRequest, Flight, Row, StepError, as_text, batch_row,
                                                  bls_error_code, ensemble_response)
 from paddle_llm_triton.errors import triton_code
+from paddle_llm_triton.request_timeout import timeout_us
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +139,8 @@ class EnsemblePipeline:
                 self._send_error(sender, str(e), e.code)
             except DrainingError as e:
                 self._send_error(sender, str(e), pb.TritonError.UNAVAILABLE)
+            except InvalidRequestError as e:  # e.g. a malformed `timeout` request parameter
+                self._send_error(sender, str(e), pb.TritonError.INVALID_ARG)
             except Exception as e:  # a bug here must still end the client's request
                 log.exception("ensemble request failed")
                 self._send_error(sender, f"{type(e).__name__}: {e}", pb.TritonError.INTERNAL)
@@ -150,7 +154,8 @@ class EnsemblePipeline:
         self._reject_unsupported(tensors)
         batch = tensors["text_input"].shape[0] if tensors["text_input"].ndim >= 2 else 1
         rows = [self._preprocess(b, {k: batch_row(v, b, batch) for k, v in tensors.items()}) for b in range(batch)]
-        client = ClientRequest(request.request_id(), sender, remaining=sum(r.n for r in rows))
+        client = ClientRequest(request.request_id(), sender, remaining=sum(r.n for r in rows),
+                               timeout_us=timeout_us(request))  # the engine enforces it (llm's request.timeout())
         flights = []
         for r in rows:
             f = Flight(client, uuid.uuid4().hex)
@@ -205,7 +210,8 @@ class EnsemblePipeline:
         prompt_text = None if stream or exclude else as_text(r.text.reshape(-1)[0])
         return protocol.generate_request(
             pre["INPUT_IDS"].reshape(-1).tolist(), as_text(sp), r.n, stream, prompt_text,
-            bool(pre["RETURN_LOG_PROBS"].reshape(-1)[0]), r.perf, f.client.client_id)
+            bool(pre["RETURN_LOG_PROBS"].reshape(-1)[0]), r.perf, f.client.client_id,
+            timeout_s=f.client.timeout_us / 1e6 if f.client.timeout_us else None)
 
     def _stream_row(self, f: Flight, r: Row, batched: bool) -> None:
         """Relay one row's engine outputs to the client (on its own thread for rows after the first)."""

@@ -7,7 +7,8 @@ ensemble -> llm, the first frame (generate_request):
    "n": sequences of the prompt (TensorRT-LLM num_return_sequences; the engine shares their prompt
    KV blocks), "stream": bool, "prompt_text": str or null (prepended to a non-streamed answer: the
    TensorRT-LLM exclude_input_in_output false), "logprobs": bool (return_log_probs: the chosen
-   tokens' logprobs, else zeros), "perf": bool (return_perf_metrics)}
+   tokens' logprobs, else zeros), "perf": bool (return_perf_metrics), "timeout_s": the client's
+   request timeout in seconds or null (the engine aborts the request at that deadline)}
   then optionally {"type": "abort"} (the client cancelled).
 llm -> ensemble, each frame one response of the client's (output_frame):
   {"type": "output", "seq": sequence index, "text": str (whole UTF-8 characters), "ids": [int],
@@ -32,11 +33,12 @@ PERF_OUTPUTS = (
 
 
 def generate_request(prompt_ids: list[int], sampling_parameters: str, n: int, stream: bool,
-                     prompt_text: str | None, logprobs: bool, perf: bool, client_request_id: str = "") -> dict:
+                     prompt_text: str | None, logprobs: bool, perf: bool, client_request_id: str = "",
+                     timeout_s: float | None = None) -> dict:
     """The first frame of an engine request (see the module doc)."""
     return {"type": "generate", "client_request_id": client_request_id, "prompt_ids": [int(i) for i in prompt_ids],
             "sampling_parameters": sampling_parameters, "n": int(n), "stream": bool(stream),
-            "prompt_text": prompt_text, "logprobs": bool(logprobs), "perf": bool(perf)}
+            "prompt_text": prompt_text, "logprobs": bool(logprobs), "perf": bool(perf), "timeout_s": timeout_s}
 
 
 def _ns(t: float | None) -> int:

@@ -36,6 +36,7 @@ class ClientRequest:
     done: bool = False
     flights: list = field(default_factory=list)
     live_flights: int = 0
+    timeout_us: int = 0  # the client's request timeout (0 = none), passed on to its llm requests
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def send(self, response=None, ends_sequence: bool = False, final: bool = False) -> bool:

@@ -16,7 +16,7 @@ from paddle_llm_engine import EngineBusyError, EngineDeadError, EngineLoop, Inva
 from paddle_llm_engine.outputs import RequestOutput
 from paddle_llm_triton import ensemble_protocol as protocol
 from paddle_llm_triton.contracts.defaults import apply_default_max_tokens
-from paddle_llm_triton.contracts.vllm import from_vllm_json
+from paddle_llm_triton.contracts.trtllm import from_pipeline_json
 from paddle_llm_triton.delta_buffer import SequenceBuffers
 from paddle_llm_triton.drain import Drain, DrainingError
 
@@ -48,12 +48,12 @@ class EnsembleStepHandler:
     the instance drains."""
 
     def __init__(self, loop: EngineLoop, on_output: Callable[[RequestOutput], None], default_max_tokens: int,
-                 max_model_len: int, instance: str, on_rejected: Callable[[], None] | None = None,
+                 max_model_len: int, instance: str, on_rejected: Callable[[str], None] | None = None,
                  drain: Drain | None = None):
         self.loop = loop
         self.drain = drain
         self._on_metrics = on_output
-        self._on_rejected = on_rejected or (lambda: None)
+        self._on_rejected = on_rejected or (lambda reason: None)
         self.default_max_tokens = default_max_tokens
         self.max_model_len = max_model_len
         self.instance = instance
@@ -65,18 +65,18 @@ class EnsembleStepHandler:
             try:
                 self.drain.refuse_if_draining()
             except DrainingError as e:
-                self._on_rejected()
+                self._on_rejected("draining")
                 raise RefusedRequest(str(e), "unavailable") from None
         try:
             prompt_ids = msg["prompt_ids"]
             if not isinstance(prompt_ids, list) or not prompt_ids or not all(
                     isinstance(i, int) and not isinstance(i, bool) for i in prompt_ids):
                 raise InvalidRequestError("input_ids", "must be a non-empty list of token ids")
-            params = from_vllm_json(msg.get("sampling_parameters"), None)
+            params = from_pipeline_json(msg.get("sampling_parameters"))  # errors name the ensemble's tensors
             n = int(msg.get("n", 1))
             stream = bool(msg.get("stream", False))
         except (KeyError, TypeError, ValueError) as e:  # InvalidRequestError is a ValueError
-            self._on_rejected()
+            self._on_rejected("invalid")
             raise RefusedRequest(str(e), "invalid_arg") from None
         prompt_text = msg.get("prompt_text")
         want_lp = bool(msg.get("logprobs", False))
@@ -89,13 +89,15 @@ class EnsembleStepHandler:
         step = _Step(emit, SequenceBuffers(stream, prompt_text if isinstance(prompt_text, str) else None),
                      want_lp, bool(msg.get("perf", False)))
         rid = uuid.uuid4().hex
+        timeout_s = msg.get("timeout_s")  # the ensemble client's request timeout
         try:
-            self.loop.submit(rid, prompt_ids, params, lambda out: self._on_output(step, out))
+            self.loop.submit(rid, prompt_ids, params, lambda out: self._on_output(step, out),
+                             timeout_s=float(timeout_s) if timeout_s else None)
         except EngineBusyError as e:
-            self._on_rejected()
+            self._on_rejected("queue_full")
             raise RefusedRequest(str(e), "unavailable") from None
         except EngineDeadError as e:
-            self._on_rejected()
+            self._on_rejected("not_serving")
             raise RefusedRequest(f"llm instance {self.instance} is not serving: {e}", "unavailable") from None
         return rid
 
@@ -105,7 +107,7 @@ class EnsembleStepHandler:
     def _on_output(self, step: _Step, out: RequestOutput) -> None:
         """Engine thread: metrics, then at most one frame."""
         self._on_metrics(out)
-        if out.finish_reason == "error":
+        if out.finish_reason == "error" or out.error:  # failed, or aborted at its deadline
             step.emit(protocol.error_frame(out.error_code, out.error), True)
             return
         flush = step.buffers.add(out)

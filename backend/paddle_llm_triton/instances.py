@@ -4,7 +4,7 @@ Triton names the instances of an `instance_group` "<group name>_<index>", and a 
 name is called "<model>_<group position>": `instance_group [ { count: 2 kind: KIND_CPU } ]` on
 model `llm` gives "llm_0_0" and "llm_0_1", each in its own stub process. Triton gives every
 KIND_CPU instance device id 0, so the instance's position among all instances (its ordinal) is what
-selects a device, and the names are how sibling instances find each other (abort_bus).
+selects a device, and the names are how sibling instances find each other (control_bus).
 """
 
 from __future__ import annotations

@@ -5,8 +5,13 @@ Every MetricFamily call happens on one thread ("llm-metrics"), fed by a queue: t
 crashed when metrics were updated from several threads at once, and the engine thread must not
 wait on metric IPC. Producers (engine thread, responder thread, execute()) only enqueue.
 
-Labels on every metric: model, version, instance (plus finish_reason on llm_requests_total, and
-device / dtype / kv_cache_dtype / kernels / quantization / tensor_parallel_size on llm_engine_info).
+Labels on every metric: model, version, instance (plus finish_reason on llm_requests_total, reason
+on llm_requests_rejected_total, and device / dtype / kv_cache_dtype / kernels / quantization /
+tensor_parallel_size / max_num_seqs / max_num_waiting on llm_engine_info).
+Every request `llm` refuses (before or when the engine would queue it) counts once in
+llm_requests_total{finish_reason="error"} and once in llm_requests_rejected_total{reason}; a request
+aborted at its deadline counts in llm_requests_total{finish_reason="abort"} and in
+llm_requests_timed_out_total.
 """
 
 from __future__ import annotations
@@ -20,6 +25,10 @@ from paddle_llm_engine.outputs import EngineStats, RequestOutput
 log = logging.getLogger(__name__)
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
+# llm_requests_rejected_total{reason}: queue_full (max_num_waiting reached), invalid (bad input),
+# not_serving (the engine failed earlier), draining (the server is shutting down), internal (an
+# unexpected error while reading the request); all registered at 0 so that rates exist from the start
+REJECT_REASONS = ("queue_full", "invalid", "not_serving", "draining", "internal")
 _LATENCY_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
 _TOKEN_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768]
 
@@ -62,12 +71,14 @@ class LLMMetrics:
     def on_engine_info(self, info: dict[str, str]) -> None:
         """What the instance runs on, as labels of the gauge llm_engine_info (value 1): device
         ("cpu", "gcu:1"), dtype, kv_cache_dtype, kernels (the optional kernels that are on, ';'-joined,
-        or "composed"), quantization ("none" or "wint8"), tensor_parallel_size."""
+        or "composed"), quantization ("none" or "wint8"), tensor_parallel_size, and the admission
+        limits max_num_seqs and max_num_waiting (LLMEngine.info())."""
         self._q.put(("info", dict(info)))
 
-    def on_rejected(self) -> None:
-        """A request refused before it reached the engine (bad input)."""
-        self._q.put(("rejected",))
+    def on_rejected(self, reason: str) -> None:
+        """A request refused before it reached the engine; reason: one of REJECT_REASONS (refusals
+        by the engine itself arrive through on_output with RequestOutput.rejected set)."""
+        self._q.put(("rejected", reason))
 
     def shutdown(self) -> None:
         self._q.put(None)
@@ -106,6 +117,12 @@ class LLMMetrics:
         fam = family("llm_requests_total", "Finished requests by finish reason", MF.COUNTER)
         self.requests = {r: fam.Metric(labels={**lb, "finish_reason": r}) for r in FINISH_REASONS}
         self.preemptions = counter("llm_preemptions_total", "Sequences preempted (KV blocks freed, recomputed later)")
+        fam = family("llm_requests_rejected_total", "Requests refused before they were queued, by reason "
+                                                    "(also counted in llm_requests_total{finish_reason=\"error\"})",
+                     MF.COUNTER)
+        self.rejected = {r: fam.Metric(labels={**lb, "reason": r}) for r in REJECT_REASONS}
+        self.timed_out = counter("llm_requests_timed_out_total", "Requests aborted at their deadline (the "
+                                                                 "request's timeout or max_request_seconds)")
         self.running = gauge("llm_num_requests_running", "Requests in the running batch")
         self.waiting = gauge("llm_num_requests_waiting", "Requests waiting to be scheduled")
         self.kv_used = gauge("llm_kv_cache_used_blocks", "KV blocks referenced by live sequences")
@@ -124,6 +141,9 @@ class LLMMetrics:
         self.gen_len = hist("llm_request_generation_tokens", "Generated tokens of finished requests", _TOKEN_BUCKETS)
         for r in FINISH_REASONS:
             self.requests[r].increment(0)
+        for r in REJECT_REASONS:
+            self.rejected[r].increment(0)
+        self.timed_out.increment(0)
         self.kv_free.set(0)
         self.healthy.set(1)
         if self.restarts_before:
@@ -168,12 +188,13 @@ class LLMMetrics:
 
             fam = pb_utils.MetricFamily(name="llm_engine_info", kind=pb_utils.MetricFamily.GAUGE,
                                         description="1, labelled with the instance's device, dtypes, kernels, "
-                                                    "quantization and tensor_parallel_size")
+                                                    "quantization, tensor_parallel_size and admission limits")
             self._families.append(fam)
             self._info = fam.Metric(labels={**self.labels, **item[1]})
             self._info.set(1)
         elif kind == "rejected":
             self.requests["error"].increment(1)
+            self.rejected.get(item[1], self.rejected["internal"]).increment(1)
         elif kind == "flush":
             item[1].set()
 
@@ -202,6 +223,10 @@ class LLMMetrics:
         if out.finished:
             del self._reqs[out.request_id]
             self.requests.get(out.finish_reason or "error", self.requests["error"]).increment(1)
+            if out.rejected:
+                self.rejected.get(out.rejected, self.rejected["internal"]).increment(1)
+            if out.timed_out:
+                self.timed_out.increment(1)
             if out.finish_reason != "error":
                 self.e2e.observe(t - r.arrival)
                 self.prompt_len.observe(out.num_prompt_tokens)

@@ -154,7 +154,7 @@ class Responder:
             return
         if out.finished and self._on_finished is not None:
             self._on_finished(out)
-        if out.finish_reason == "error":
+        if out.finish_reason == "error" or out.error:  # failed, or aborted at its deadline
             err = pb_utils.TritonError(out.error or "error", triton_code(out.error_code))
             self._send(p, pb_utils.InferenceResponse(error=err), final=True)
             return

@@ -183,13 +183,16 @@ def is_final(result) -> bool:
 class GrpcStream:
     """One open gRPC stream for a single request; lets a test read responses one by one and cancel."""
 
-    def __init__(self, url: str, model: str, inputs, timeout: float = DEFAULT_TIMEOUT_S):
+    def __init__(self, url: str, model: str, inputs, timeout: float = DEFAULT_TIMEOUT_S,
+                 request_timeout_us: int | None = None):
+        """timeout: this client's wait for the whole stream (seconds); request_timeout_us: Triton's
+        request timeout (tritonclient `timeout=`, microseconds), which the server enforces."""
         self.timeout = timeout
         self._q: queue.Queue = queue.Queue()
         self.client = grpcclient.InferenceServerClient(url)
         self.client.start_stream(callback=lambda result, error: self._q.put((result, error)))
         self.t0 = time.monotonic()
-        self.client.async_stream_infer(model, inputs, enable_empty_final_response=True)
+        self.client.async_stream_infer(model, inputs, enable_empty_final_response=True, timeout=request_timeout_us)
         self._closed = False
 
     def next(self, timeout: float | None = None):

@@ -202,15 +202,18 @@ def test_long_prompts_rejected_while_other_requests_keep_running(triton_server, 
     try:
         over, near = long_prompts["over"], long_prompts["near"]
         n_over, n_near = max_model_len + 1, max_model_len - 1
-        # prompt of max_model_len + 1 tokens: names both counts
+        # prompt of max_model_len + 1 tokens: the prompt is to blame (text_input, both counts), not
+        # the max_tokens the client sent
+        too_long = f"text_input: the prompt has {n_over} tokens, more than max_model_len {max_model_len}"
         for r in (ensemble_stream(url, over, stream=True, max_tokens=8),
                   llm_stream(url, over, stream=True, sampling_parameters={"max_tokens": "8"})):
-            msg = assert_grpc_invalid(r)
-            assert str(n_over) in msg and str(max_model_len) in msg, msg
+            msg = assert_grpc_invalid(r, "text_input")
+            assert too_long in msg and "max_tokens" not in msg, msg
         for model, payload in (("ensemble", {"text_input": over, "max_tokens": 8}),
-                               ("llm", {"text_input": over, "sampling_parameters": '{"max_tokens": "8"}'})):
-            msg = assert_http_invalid(http_generate(http, model, payload))
-            assert str(n_over) in msg and str(max_model_len) in msg, msg
+                               ("llm", {"text_input": over, "sampling_parameters": '{"max_tokens": "8"}'}),
+                               ("llm", {"text_input": over})):
+            msg = assert_http_invalid(http_generate(http, model, payload), "text_input")
+            assert too_long in msg and "max_tokens" not in msg, msg
         # prompt of max_model_len - 1 tokens with max_tokens 10: names max_tokens
         for r in (ensemble_stream(url, near, stream=True, max_tokens=10),
                   llm_stream(url, near, stream=True, sampling_parameters={"max_tokens": "10"})):
@@ -306,6 +309,37 @@ def test_empty_text_input_is_invalid_arg(triton_server):
                                                     "sampling_parameters": '{"max_tokens": "4"}'}), "text_input")
     assert_http_invalid(http_generate_stream(http, "ensemble", {"text_input": "", "max_tokens": 4,
                                                                 "stream": True}), "text_input")
+
+
+@pytest.mark.parametrize("params, field", [
+    (dict(temperature=float("inf")), "temperature"),  # greedy (no top_k / top_p): was accepted
+    (dict(temperature=float("nan")), "temperature"),
+    (dict(temperature=float("inf"), top_k=5), "temperature"),  # was "sampling_parameters.temperature"
+    (dict(repetition_penalty=float("inf")), "repetition_penalty"),  # was "sampling_parameters.repetition_penalty"
+    (dict(top_p=float("nan"), top_k=5), "top_p"),
+    (dict(presence_penalty=float("-inf")), "presence_penalty"),
+    (dict(frequency_penalty=float("nan")), "frequency_penalty"),
+    (dict(length_penalty=float("nan")), "length_penalty"),
+], ids=["temperature_inf_greedy", "temperature_nan", "temperature_inf_top_k", "repetition_penalty_inf",
+        "top_p_nan", "presence_penalty_-inf", "frequency_penalty_nan", "length_penalty_nan"])
+def test_ensemble_non_finite_floats_are_invalid_arg_naming_the_tensor(triton_server, params, field):
+    """gRPC only: JSON has no inf / NaN, so HTTP clients cannot send them."""
+    r = ensemble_stream(triton_server.grpc_url, "Hello", max_tokens=4, **params)
+    msg = assert_grpc_invalid(r, field)
+    assert f"{field}: must be a finite number" in msg and "sampling_parameters" not in msg, msg
+
+
+@pytest.mark.parametrize("key", ["temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+                                 "frequency_penalty"])
+def test_llm_non_finite_floats_are_invalid_arg_naming_the_key(triton_server, key):
+    for value in ("inf", "nan"):
+        r = llm_stream(triton_server.grpc_url, "Hello", stream=True,
+                       sampling_parameters={key: value, "max_tokens": "4"})
+        msg = assert_grpc_invalid(r, f"sampling_parameters.{key}")
+        assert "must be a finite number" in msg, msg
+    h = http_generate(triton_server.http_base, "llm",
+                      {"text_input": "Hello", "sampling_parameters": f'{{"{key}": "inf"}}'})
+    assert "must be a finite number" in assert_http_invalid(h, f"sampling_parameters.{key}")
 
 
 @pytest.mark.parametrize("params, field", [

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from clients import decode_str, llm_stream, scrape_metrics
+from clients import decode_str, ensemble_stream, llm_stream, scrape_metrics
 from metrics_util import (COUNTERS, GAUGES, HISTOGRAMS, has_llm_sample, is_idle, llm_value,
                           missing_families, wait_for)
 
@@ -64,6 +64,7 @@ def test_values_consistent_with_one_request(triton_server):
     assert d["requests_length"] == 1 and d["requests_stop"] == 0, d
     assert d["llm_requests_total"] == 1, d
     assert d["llm_preemptions_total"] == 0, d
+    assert d["llm_requests_rejected_total"] == 0 and d["llm_requests_timed_out_total"] == 0, d
     for h in ("llm_time_to_first_token_seconds", "llm_e2e_request_latency_seconds",
               "llm_request_queue_time_seconds", "llm_request_prompt_tokens", "llm_request_generation_tokens"):
         assert d[h + "_count"] == 1, (h, d)
@@ -134,5 +135,27 @@ def test_engine_info_names_what_the_instance_runs_on(triton_server):
     assert labels["device"] == "cpu" and labels["dtype"] == "float32" and labels["kv_cache_dtype"] == "float32"
     assert labels["kernels"] == want_kernels and labels["quantization"] == "none"
     assert labels["tensor_parallel_size"] == "1"
+    assert (labels["max_num_seqs"], labels["max_num_waiting"]) == ("32", "128")  # the default: 4 x max_num_seqs
     log = triton_server.log_path.read_text(errors="replace")
     assert f"llm instance llm_0_0: serving on cpu (dtype float32, kv_cache_dtype float32, kernels {want_kernels}" in log
+
+
+def test_bad_input_counts_as_error_and_as_rejected_invalid(triton_server):
+    """A refused request counts once in llm_requests_total{finish_reason="error"} (as before) and once
+    in llm_requests_rejected_total{reason="invalid"}, whether execute() or the engine thread refused it."""
+    url, murl = triton_server.grpc_url, triton_server.metrics_url
+    m0, _ = wait_for(murl, is_idle, timeout=30)
+    for reason in ("queue_full", "invalid", "not_serving", "draining"):
+        assert m0.find("llm_requests_rejected_total", model="llm", version="1", reason=reason), reason
+    err0 = llm_value(m0, "llm_requests_total", finish_reason="error")
+    inv0 = llm_value(m0, "llm_requests_rejected_total", reason="invalid")
+    bad = llm_stream(url, PROMPT, stream=True, sampling_parameters={"top_p": "2"})  # refused in execute()
+    assert bad.error is not None and "sampling_parameters.top_p" in str(bad.error)
+    # the ensemble's llm step: preprocessing does not count tokens against max_model_len, the engine does
+    long = ensemble_stream(url, "hello" + " hello" * 9000, stream=True, max_tokens=4)
+    assert long.error is not None and "text_input: the prompt has" in str(long.error), long.error
+    m, _ = wait_for(murl, lambda m: llm_value(m, "llm_requests_rejected_total", reason="invalid") >= inv0 + 2,
+                    timeout=10)
+    assert llm_value(m, "llm_requests_rejected_total", reason="invalid") == inv0 + 2
+    assert llm_value(m, "llm_requests_total", finish_reason="error") == err0 + 2
+    assert llm_value(m, "llm_requests_rejected_total", reason="queue_full") == 0

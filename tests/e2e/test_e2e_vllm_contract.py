@@ -68,11 +68,22 @@ def test_non_streamed_prepends_prompt_unless_excluded(triton_server):
     assert h.body["text_output"] == PROMPT + excl
 
 
+# the vLLM backend's own text (its src/utils/request.py raises it, src/model.py prefixes it, and its
+# CI's enabled_stream_test.py compares the whole message)
+VLLM_STREAM_PROMPT_REFUSAL = "Error generating stream: When streaming, `exclude_input_in_output` = False is not allowed."
+
+
 def test_streaming_with_exclude_input_false_is_rejected(triton_server):
-    """As in the vLLM backend: a stream never repeats the prompt, and asking for it is an error."""
+    """As in the vLLM backend: a stream never repeats the prompt, and asking for it is an error
+    with exactly the vLLM backend's message (INVALID_ARG here)."""
     r = llm_stream(triton_server.grpc_url, PROMPT, stream=True, sampling_parameters=GREEDY16,
                    exclude_input_in_output=False)
     assert_error_names(r, "exclude_input_in_output")
+    assert r.error.message() == VLLM_STREAM_PROMPT_REFUSAL
+    h = http_generate_stream(triton_server.http_base, "llm", {"text_input": PROMPT, "stream": True,
+                                                             "exclude_input_in_output": False,
+                                                             "sampling_parameters": sampling_json(GREEDY16)})
+    assert h.status == 400 and VLLM_STREAM_PROMPT_REFUSAL in (h.error or ""), (h.status, h.error)
 
 
 def test_http_generate_stream_on_llm(triton_server):

@@ -92,10 +92,18 @@ class Sender:
 class Request:
     """A client request to the model under test."""
 
-    def __init__(self, inputs: dict, request_id: str = ""):
+    def __init__(self, inputs: dict, request_id: str = "", timeout_us: int = 0, parameters: str = "{}"):
         self._inputs = [Tensor(k, v) for k, v in inputs.items()]
         self._id = request_id
+        self._timeout = timeout_us
+        self._parameters = parameters
         self.sender = Sender()
+
+    def timeout(self) -> int:
+        return self._timeout
+
+    def parameters(self) -> str:
+        return self._parameters
 
     def inputs(self):
         return self._inputs
@@ -125,8 +133,9 @@ def make(newer: bool) -> types.ModuleType:
     m.InferenceResponse = InferenceResponse
 
     class InferenceRequest:
-        def __init__(self, model_name: str, inputs, requested_output_names, request_id: str = ""):
+        def __init__(self, model_name: str, inputs, requested_output_names, request_id: str = "", timeout: int = 0):
             self.model_name = model_name
+            self.timeout = timeout
             self.tensors = {t.name(): t.as_numpy() for t in inputs}
             self.requested = list(requested_output_names)
             self.request_id = request_id

@@ -301,3 +301,24 @@ def test_an_llm_instance_that_dies_mid_request_ends_it_with_unavailable(monkeypa
     err = again.sender.sent[-1][0].error()
     assert err.code() == pb.TritonError.UNAVAILABLE and "no instance of model 'llm' is serving" in err.message()
     gate.set()
+
+
+def test_client_timeout_goes_on_to_every_engine_request_of_its_rows(monkeypatch, cleanup):
+    """gRPC timeout= (request.timeout()) or HTTP generate's "timeout" parameter: each row's engine
+    request carries it, so the engine enforces the client's deadline; a malformed one is INVALID_ARG."""
+    pb, pipe, eng = install(monkeypatch, False)
+    cleanup(pipe)
+    req = client_request(["ab", "c"])
+    req._timeout = 2_500_000
+    run(pipe, req)
+    assert [m["timeout_s"] for m in eng.starts] == [2.5, 2.5]
+    req = client_request(["ab"])
+    req._parameters = '{"timeout": 700000}'
+    run(pipe, req)
+    assert eng.starts[-1]["timeout_s"] == 0.7
+    req = client_request(["ab"])
+    req._parameters = '{"timeout": "soon"}'
+    sent = run(pipe, req)
+    (err, _), = sent
+    assert err.error().code() == pb.TritonError.INVALID_ARG and err.error().message().startswith(
+        "in ensemble 'ensemble', timeout: ")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,10 @@ class FailingEngine:
     def __init__(self):
         self.requests = {}
 
-    def add_request(self, rid, ids, params, arrival_time=None):
+    config = types.SimpleNamespace(max_num_waiting=128)
+    num_waiting = 0
+
+    def add_request(self, rid, ids, params, arrival_time=None, timeout_s=None):
         self.requests[rid] = 1
 
     def abort_request(self, rid):

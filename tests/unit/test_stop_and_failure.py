@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+import types
 import uuid
 
 import pytest
@@ -103,7 +104,10 @@ class FakeEngine:
         self.requests: dict[str, int] = {}
         self.num_steps = 0
 
-    def add_request(self, rid, ids, params, arrival_time=None):
+    config = types.SimpleNamespace(max_num_waiting=128)
+    num_waiting = 0
+
+    def add_request(self, rid, ids, params, arrival_time=None, timeout_s=None):
         self.requests[rid] = 0
 
     def abort_request(self, rid):

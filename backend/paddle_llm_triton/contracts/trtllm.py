@@ -10,10 +10,14 @@ checked on the client's values before the greedy default rewrites the temperatur
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 from paddle_llm_engine.errors import InvalidRequestError
 from paddle_llm_engine.sampling_params import MAX_SEQUENCES, SamplingParams
 from paddle_llm_triton import tensors as T
 from paddle_llm_triton.contracts import guided
+from paddle_llm_triton.contracts.vllm import from_vllm_json
 
 INT_TENSORS = ("max_tokens", "top_k", "end_id", "pad_id", "min_tokens", "min_length", "beam_width",
                "num_return_sequences", "seed", "random_seed")
@@ -53,8 +57,13 @@ def from_trtllm_tensors(values: dict, vocab_size: int) -> SamplingParams:
     min_length, repetition_penalty, presence_penalty, frequency_penalty, end_id, stop_words,
     bad_words, beam_width (1 only), num_return_sequences (1..MAX_SEQUENCES, sets n), length_penalty (1.0 only: it only
     acts in beam search), guided_decoding_guide_type / guided_decoding_guide (contracts/guided.py).
-    vocab_size: the model's (config.json), bounds end_id. Raises InvalidRequestError naming the tensor.
+    vocab_size: the model's (config.json), bounds end_id. Raises InvalidRequestError naming the tensor;
+    every float tensor must be a finite number (checked first: the greedy default below would hide a
+    temperature of inf).
     """
+    for name in FLOAT_TENSORS:
+        if name in values and not math.isfinite(float(values[name])):
+            raise InvalidRequestError(name, f"must be a finite number, got {float(values[name])}")
     if "beam_width" in values and int(values["beam_width"]) != 1:
         raise InvalidRequestError("beam_width", f"only 1 is supported (beam search is not implemented), "
                                                 f"got {values['beam_width']}")
@@ -87,4 +96,24 @@ def from_trtllm_tensors(values: dict, vocab_size: int) -> SamplingParams:
     p.validate(vocab_size)
     if values.get("top_k", 0) == 0 and values.get("top_p", 0.0) == 0.0:
         p.temperature = 0.0  # TensorRT-LLM decodes greedily without top_k and top_p
+    return p
+
+
+# sampling_parameters keys of the pipeline's JSON (contracts/vllm.py to_json) -> the ensemble tensor
+# they came from; the keys not listed have the tensor's name
+_TENSOR_OF_KEY = {"stop": "stop_words", "structured_outputs": "guided_decoding_guide", "n": "num_return_sequences"}
+
+
+def from_pipeline_json(text: str | bytes | None) -> SamplingParams:
+    """The ensemble's validated parameters as `llm` receives them from its pipeline (preprocessing's
+    SAMPLING_PARAMETERS, vLLM-style JSON) -> SamplingParams. Any error, here or later in the engine
+    (a guide's compile errors name guide.field), names the ensemble's own tensor, never
+    `sampling_parameters.<key>`: the ensemble's clients never sent that input."""
+    try:
+        p = from_vllm_json(text, None)
+    except InvalidRequestError as e:
+        key = e.field.split(".")[1] if e.field.startswith("sampling_parameters.") else e.field
+        raise InvalidRequestError(_TENSOR_OF_KEY.get(key, key), e.message) from None
+    if p.guide is not None:
+        p.guide = dataclasses.replace(p.guide, field="guided_decoding_guide")
     return p

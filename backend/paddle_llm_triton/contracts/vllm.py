@@ -24,7 +24,7 @@ import json
 import math
 
 from paddle_llm_engine.errors import InvalidRequestError
-from paddle_llm_engine.sampling_params import SamplingParams
+from paddle_llm_engine.sampling_params import SamplingParams, check_prompt_length
 from paddle_llm_triton.contracts import guided
 from paddle_llm_triton.contracts.values import to_bool
 
@@ -57,7 +57,7 @@ def _to_float(field: str, v) -> float:
     else:
         raise InvalidRequestError(field, f"expected a number, got {v!r}")
     if not math.isfinite(f):
-        raise InvalidRequestError(field, f"must be finite, got {v!r}")
+        raise InvalidRequestError(field, f"must be a finite number, got {v!r}")
     return f
 
 
@@ -243,8 +243,34 @@ def _same(noop, value) -> bool:
         return False
 
 
+# The Triton vLLM backend's exact refusal of exclude_input_in_output false on a stream (its
+# src/utils/request.py raises the ValueError "When streaming, `exclude_input_in_output` = False is
+# not allowed." and src/model.py sends it as "Error generating stream: {e}"); its CI compares the
+# whole message, so it is sent verbatim (as INVALID_ARG here).
+STREAM_PROMPT_REFUSAL = "Error generating stream: When streaming, `exclude_input_in_output` = False is not allowed."
+
+
+class _VerbatimInvalidRequest(InvalidRequestError):
+    """An InvalidRequestError whose message is exactly `text` (another server's wording), not
+    "<field>: <message>"; `field` still names the field."""
+
+    def __init__(self, field: str, text: str):
+        super().__init__(field, text)
+        self.args = (text,)
+
+
+def check_stream_prompt(stream: bool, exclude_input_in_output: bool | None) -> None:
+    """A stream never repeats the prompt: exclude_input_in_output false (sent explicitly) on a
+    stream is refused with the vLLM backend's own text (STREAM_PROMPT_REFUSAL); absent is fine."""
+    if stream and exclude_input_in_output is False:
+        raise _VerbatimInvalidRequest("exclude_input_in_output", STREAM_PROMPT_REFUSAL)
+
+
 def check_max_tokens(p: SamplingParams, num_prompt_tokens: int, max_model_len: int) -> None:
-    """The engine's prompt + max_tokens <= max_model_len rule, named sampling_parameters.max_tokens."""
+    """The engine's length rules before the request is queued: a prompt that alone leaves no room
+    for output names text_input with its length and the limit (the engine's own text); otherwise
+    prompt + max_tokens <= max_model_len, named sampling_parameters.max_tokens."""
+    check_prompt_length(num_prompt_tokens, max_model_len)
     if p.max_tokens is not None and num_prompt_tokens + p.max_tokens > max_model_len:
         raise InvalidRequestError("sampling_parameters.max_tokens",
                                   f"prompt ({num_prompt_tokens} tokens) + max_tokens ({p.max_tokens}) exceeds "

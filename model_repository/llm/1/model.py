@@ -17,20 +17,22 @@ import triton_python_backend_utils as pb_utils
 
 import numpy as np
 
-from paddle_llm_engine import EngineConfig, EngineDeadError, EngineLoop, InvalidRequestError, LLMEngine
+from paddle_llm_engine import EngineBusyError, EngineConfig, EngineDeadError, EngineLoop, InvalidRequestError, LLMEngine
 from paddle_llm_engine.tokenizer import encode_prompt
 from paddle_llm_triton import tensors as T
 from paddle_llm_triton.config_params import engine_config_from_triton, serving_options
+from paddle_llm_triton.contracts.defaults import apply_default_max_tokens
+from paddle_llm_triton.contracts.vllm import (check_max_tokens, check_stream_prompt, from_request_parameters,
+                                              from_vllm_json)
 from paddle_llm_triton.control_bus import ControlBus
 from paddle_llm_triton.drain import Drain, DrainingError
-from paddle_llm_triton.contracts.defaults import apply_default_max_tokens
-from paddle_llm_triton.contracts.vllm import check_max_tokens, from_request_parameters, from_vllm_json
 from paddle_llm_triton.engine_channel.server import ChannelServer
 from paddle_llm_triton.ensemble_steps import EnsembleStepHandler
 from paddle_llm_triton.fault_injection import install_step_fault
 from paddle_llm_triton.health import StallWatchdog
 from paddle_llm_triton.instances import instance_names
 from paddle_llm_triton.metrics import LLMMetrics
+from paddle_llm_triton.request_timeout import timeout_seconds
 from paddle_llm_triton.responder import Responder, ResponseOptions
 from paddle_llm_triton.restarts import restart_count
 from paddle_llm_triton.stop_requests import StopRequests
@@ -102,24 +104,29 @@ class TritonPythonModel:
                 else:
                     self._submit(request, sender)
             except InvalidRequestError as e:
-                self.metrics.on_rejected()
+                self.metrics.on_rejected("invalid")
                 sender.send(pb_utils.InferenceResponse(
                     error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG)),
                     flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             except DrainingError as e:  # the server is shutting down: retry elsewhere
-                self.metrics.on_rejected()
+                self.metrics.on_rejected("draining")
+                sender.send(pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError(str(e), pb_utils.TritonError.UNAVAILABLE)),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            except EngineBusyError as e:  # max_num_waiting reached: refused at once, nothing queued
+                self.metrics.on_rejected("queue_full")
                 sender.send(pb_utils.InferenceResponse(
                     error=pb_utils.TritonError(str(e), pb_utils.TritonError.UNAVAILABLE)),
                     flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             except EngineDeadError as e:  # fail fast, naming the original failure
-                self.metrics.on_rejected()
+                self.metrics.on_rejected("not_serving")
                 sender.send(pb_utils.InferenceResponse(
                     error=pb_utils.TritonError(f"llm instance {self.instance} is not serving: {e}",
                                                pb_utils.TritonError.INTERNAL)),
                     flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             except Exception as e:  # unexpected: fail this request, keep serving
                 log.exception("request rejected")
-                self.metrics.on_rejected()
+                self.metrics.on_rejected("internal")
                 sender.send(pb_utils.InferenceResponse(
                     error=pb_utils.TritonError(f"{type(e).__name__}: {e}", pb_utils.TritonError.INTERNAL)),
                     flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -170,8 +177,7 @@ class TritonPythonModel:
         # True (the vLLM backend's semantics); a stream never repeats it, and a client that asks
         # for it while streaming gets an error, as from the vLLM backend.
         exclude = flag("exclude_input_in_output")
-        if stream and exclude is False:
-            raise InvalidRequestError("exclude_input_in_output", "False is not allowed when streaming")
+        check_stream_prompt(stream, exclude)
         want_lp = bool(flag("return_logprobs"))
         want_cum = bool(flag("return_cumulative_logprob"))
         opts = ResponseOptions(
@@ -192,7 +198,7 @@ class TritonPythonModel:
         self.responder.register(rid, sender, opts)
         self.stops.add(request.request_id(), rid)
         try:
-            self.loop.submit(rid, prompt_ids, params, self._on_output)
+            self.loop.submit(rid, prompt_ids, params, self._on_output, timeout_s=timeout_seconds(request))
         except Exception:
             self.responder.discard(rid)
             self.stops.remove(rid)
