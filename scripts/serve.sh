@@ -6,6 +6,7 @@
 #   MODEL_DIR     model folder for the llm model (default build/SmolLM2-135M-Instruct)
 #   HTTP_PORT / GRPC_PORT / METRICS_PORT   (8000 / 8001 / 8002), all bound to 127.0.0.1
 #   TRITON_KILL_AFTER   watchdog seconds after SIGTERM before a SIGKILL (default 15)
+#   DRAIN_GRACE_S       seconds the requests in flight get to finish after Ctrl-C / SIGTERM (default 30)
 #
 # Model folder: nothing in the repository is rendered. MODEL_DIR reaches the server as the env var
 # PADDLE_LLM_MODEL_DIR; the llm model's model.py uses its config.pbtxt parameter `model_dir` when that
@@ -16,7 +17,8 @@
 # bin first on PATH, so that the Python-backend stub finds the venv's site-packages; the base
 # interpreter's lib dir first on LD_LIBRARY_PATH; PADDLE_LLM_MODEL_DIR from --model-dir), the backend
 # directory build/triton_backends (made by scripts/setup.sh), start-up time until /v2/health/ready, and
-# on Ctrl-C / SIGTERM: SIGTERM to tritonserver (--exit-timeout-secs 5), then after TRITON_KILL_AFTER
+# supervision (a model whose stub dies or whose engine fails is reloaded; README "Reliability"), and
+# on Ctrl-C / SIGTERM the drain, then SIGTERM to tritonserver (--exit-timeout-secs 5), then after TRITON_KILL_AFTER
 # seconds SIGKILL of the server and its stubs and removal of the shm regions it owned.
 set -euo pipefail
 
@@ -42,4 +44,5 @@ exec "$PY" "$ROOT/scripts/launch_triton.py" \
   --metrics-port "${METRICS_PORT:-8002}" \
   --exit-timeout-secs 5 \
   --kill-after "${TRITON_KILL_AFTER:-15}" \
+  --drain-grace "${DRAIN_GRACE_S:-30}" \
   -- "$@"

@@ -48,7 +48,7 @@ class LLMMetrics:
 
     def __init__(self, labels: dict[str, str], restarts_before: int = 0):
         self.labels = dict(labels)
-        self.restarts_before = restarts_before  # llm_engine_restarts_total starts there (restarts.py)
+        self.restarts_before = restarts_before  # llm_engine_restarts (restarts.py)
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._reqs: dict[str, _ReqTimes] = {}
         self._preemptions_seen = 0
@@ -131,8 +131,10 @@ class LLMMetrics:
         self.prefix_hit = gauge("llm_prefix_cache_hit_ratio", "Prompt tokens served from the prefix cache / prompt tokens")
         self.healthy = gauge("llm_engine_healthy", "1 while the instance's engine serves; 0 after an engine failure "
                                                    "(Triton 2.51 keeps the model ready: alert on this)")
-        self.restarts = counter("llm_engine_restarts_total", "Times the launcher's supervisor reloaded this model "
-                                                             "after a failure (counted since the launcher started)")
+        # a gauge set to the supervisor's count: Triton keeps a metric series across a model's reload
+        # (same name and labels), so a counter incremented at each start would add the counts up
+        self.restarts = gauge("llm_engine_restarts", "Times the launcher's supervisor reloaded this model after "
+                                                     "a failure, since the launcher started")
         self.ttft = hist("llm_time_to_first_token_seconds", "Arrival to first generated token", _LATENCY_BUCKETS)
         self.itl = hist("llm_inter_token_latency_seconds", "Time between generated tokens", _LATENCY_BUCKETS)
         self.e2e = hist("llm_e2e_request_latency_seconds", "Arrival to finish", _LATENCY_BUCKETS)
@@ -146,8 +148,7 @@ class LLMMetrics:
         self.timed_out.increment(0)
         self.kv_free.set(0)
         self.healthy.set(1)
-        if self.restarts_before:
-            self.restarts.increment(self.restarts_before)
+        self.restarts.set(self.restarts_before)
 
     def _run(self) -> None:
         try:

@@ -1,22 +1,32 @@
-"""The readiness gate: a tiny Python model the launcher serves from a repository of its own, beside
-the user's, so that it can turn /v2/health/ready false at once when it starts draining.
+"""The readiness gate: how the launcher turns /v2/health/ready false at once while the models keep
+serving (a drain) or while a model is reloaded, on a Triton that gives a Python model no say in it.
 
-Triton 2.51 gives a Python model no way to report itself not ready, and its server readiness (strict
-readiness) is "every model of the repositories is ready". Unloading any model turns it false; the
-gate is the model whose unloading costs nothing: the real models stay loaded and keep serving the
-requests in flight, and answer new ones with UNAVAILABLE while they drain. Its execute() refuses
-every request (it is not an inference model). It lives outside model_repository/, so a plain
-`tritonserver --model-repository model_repository` never sees it.
+Measured on Triton 2.51 with explicit model control (strict readiness): the server is not ready while
+any model is LOADING or UNLOADING, or failed to load; a model that was never loaded, or was unloaded
+completely, does not count. So the gate is a tiny Python model in a repository of its own (beside the
+user's; a plain `tritonserver --model-repository model_repository` never sees it), not loaded at
+start, whose initialize() waits while its flag file exists:
+- close(): create the flag, load the gate on a thread: it stays LOADING, so the server is not ready
+  from the first poll on; the previous gate (READY) is unloaded meanwhile, unseen behind it;
+- open(): remove the flag: the load completes, the gate is READY and the server ready again;
+- shut(): at the end of a drain, make the waiting initialize() fail so that nothing is left loading
+  when tritonserver exits.
+Two gate models take turns (a gate must be unloaded before it can be loaded again, and unloading it
+while it is the only closed one would show the server ready for a moment).
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
-GATE_MODEL = "readiness_gate"
+from paddle_llm_triton.launcher.repository import RepositoryClient, RepositoryError
 
-_CONFIG = f'''# The launcher's readiness gate (paddle_llm_triton/launcher/gate.py): not an inference model.
-name: "{GATE_MODEL}"
+GATE_MODELS = ("readiness_gate_a", "readiness_gate_b")
+
+_CONFIG = '''# The launcher's readiness gate (paddle_llm_triton/launcher/gate.py): not an inference model.
+name: "{name}"
 backend: "python"
 max_batch_size: 0
 input [ {{ name: "unused" data_type: TYPE_BOOL dims: [ 1 ] optional: true }} ]
@@ -24,23 +34,122 @@ output [ {{ name: "unused_out" data_type: TYPE_BOOL dims: [ 1 ] }} ]
 instance_group [ {{ count: 1 kind: KIND_CPU }} ]
 '''
 
-_MODEL = '''"""The launcher's readiness gate: unloaded when the server starts draining. Not an inference model."""
+_MODEL = '''"""The launcher's readiness gate (paddle_llm_triton/launcher/gate.py). Not an inference model: while
+its flag file exists its load does not finish, which keeps /v2/health/ready false."""
+
+import os
+import time
 
 import triton_python_backend_utils as pb_utils
 
+FLAGS = {flags!r}
+
 
 class TritonPythonModel:
+    def initialize(self, args):
+        closed = os.path.join(FLAGS, args["model_name"] + ".closed")
+        while os.path.exists(closed):
+            if os.path.exists(os.path.join(FLAGS, "shut")):
+                raise RuntimeError("the server is shutting down")
+            time.sleep(0.02)
+
     def execute(self, requests):
         return [pb_utils.InferenceResponse(error=pb_utils.TritonError(
-            "readiness_gate is the launcher's readiness switch, not an inference model",
+            "the readiness gate is the launcher's readiness switch, not an inference model",
             pb_utils.TritonError.UNSUPPORTED)) for _ in requests]
 '''
 
 
 def make_gate_repository(root: str | Path) -> Path:
-    """Write the gate's model repository under `root` (created); returns the repository folder."""
-    repo = Path(root) / "gate_repository"
-    (repo / GATE_MODEL / "1").mkdir(parents=True, exist_ok=True)
-    (repo / GATE_MODEL / "config.pbtxt").write_text(_CONFIG)
-    (repo / GATE_MODEL / "1" / "model.py").write_text(_MODEL)
+    """Write the gates' model repository under `root` (created); returns the repository folder."""
+    root = Path(root)
+    repo = root / "gate_repository"
+    flags = root / "gate_flags"
+    flags.mkdir(parents=True, exist_ok=True)
+    for name in GATE_MODELS:
+        (repo / name / "1").mkdir(parents=True, exist_ok=True)
+        (repo / name / "config.pbtxt").write_text(_CONFIG.format(name=name))
+        (repo / name / "1" / "model.py").write_text(_MODEL.format(flags=str(flags)))
     return repo
+
+
+class ReadinessGate:
+    """close() / open() / shut() (see the module doc). Thread-safe; close() and open() nest: the
+    gate opens when every close() has had its open()."""
+
+    def __init__(self, http_port: int, root: str | Path):
+        self.repo = RepositoryClient(http_port)
+        self.flags = Path(root) / "gate_flags"
+        self._lock = threading.Lock()
+        self._closes = 0
+        self._turn = 0
+        self._current: str | None = None  # the gate loaded (or loading) last
+
+    def close(self) -> None:
+        with self._lock:
+            self._closes += 1
+            if self._closes > 1:
+                return
+            name = GATE_MODELS[self._turn % 2]
+            self._turn += 1
+            previous, self._current = self._current, name
+            (self.flags / f"{name}.closed").touch()
+            threading.Thread(target=self._load, args=(name,), name=f"gate-{name}", daemon=True).start()
+        self._wait_loading(name)
+        if previous is not None:
+            try:
+                self.repo.unload(previous)  # hidden: the new gate keeps the server not ready
+            except (RepositoryError, OSError):
+                pass
+
+    def open(self, log=print) -> bool:
+        """Returns True once the gate is READY (the server ready again), False if it is still closed
+        by another close() or did not finish loading within 60 s (logged)."""
+        with self._lock:
+            self._closes = max(0, self._closes - 1)
+            if self._closes or self._current is None:
+                return False
+            name = self._current
+            (self.flags / f"{name}.closed").unlink(missing_ok=True)
+        deadline = time.monotonic() + 60.0
+        while time.monotonic() < deadline:
+            try:
+                state = self.repo.index().get(name)
+            except (RepositoryError, OSError):
+                state = None
+            if state == "READY":
+                return True
+            if self._closes:
+                return False  # closed again meanwhile
+            time.sleep(0.02)
+        log(f"launch_triton: the readiness gate {name} did not open within 60 s (state {state}); "
+            f"readiness stays false")
+        return False
+
+    def shut(self) -> None:
+        """End a pending close for good (the drain is over; tritonserver exits next)."""
+        (self.flags / "shut").touch()
+
+    def reset(self) -> None:
+        """After tritonserver was restarted: no gate is loaded, none is closed."""
+        with self._lock:
+            self._closes = 0
+            self._current = None
+            for f in self.flags.glob("*.closed"):
+                f.unlink(missing_ok=True)
+
+    def _load(self, name: str) -> None:
+        try:
+            self.repo.load(name, timeout=24 * 3600)
+        except (RepositoryError, OSError):
+            pass  # shut() ends it with an error on purpose; the server is exiting
+
+    def _wait_loading(self, name: str, timeout: float = 5.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if self.repo.index().get(name) == "LOADING":
+                    return
+            except (RepositoryError, OSError):
+                return
+            time.sleep(0.01)

@@ -73,14 +73,6 @@ def regions_now() -> set[str]:
         return set()
 
 
-def regions_mapped_by_anyone() -> set[str]:
-    found = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            found |= mapped_regions(int(entry))
-    return found
-
-
 def kill_if_same(processes) -> int:
     """SIGKILL each (pid, start time) that is still that process; returns how many were signalled."""
     n = 0

@@ -9,7 +9,7 @@ regions behind, so if the server has not exited `kill_after` seconds after the s
 `triton_python_backend_stub` processes it spawned are SIGKILLed, and the
 `/dev/shm/triton_python_backend_shm_region_*` files this server owned are removed. A region counts as
 owned when one of this server's processes had it mapped (read from /proc/PID/maps just before the
-kill), or when it appeared after this server started and no live process maps it any more.
+kill) or a stub of this server was started with it (its argv, recorded while the server runs).
 
 Environment of the server (`server_env`, the one place that builds it): the venv's bin first on PATH
 (that is how the stub finds the venv's site-packages; PYTHONPATH is ignored) and the base
@@ -18,8 +18,8 @@ libpython with the venv's). The model folder reaches the llm model as env var PA
 its config parameter `model_dir`, when set to a non-empty value, wins over the variable.
 
 Supervised mode (`start_server(supervise=True)`, what `make serve` runs): tritonserver runs with
-`--model-control-mode explicit --load-model *` and a second repository holding the readiness gate
-(gate.py); once ready, a Supervisor thread (supervisor.py) reloads any model whose stub dies or whose
+`--model-control-mode explicit`, `--load-model` for every model of the repository, and a second
+repository holding the readiness gate (gate.py, loaded only to turn readiness false); once ready, a Supervisor thread (supervisor.py) reloads any model whose stub dies or whose
 engine reports unhealthy, and `drain(grace_s)` (shutdown.py) drains before `stop()`. The supervisor's
 state folder reaches the models as PADDLE_LLM_SUPERVISOR_STATE (restart counts).
 
@@ -113,7 +113,7 @@ class TritonServer:
     """A running tritonserver process; `stop()` shuts it down cleanly (see module doc)."""
 
     def __init__(self, proc: subprocess.Popen, http_port: int, grpc_port: int, metrics_port: int,
-                 log_path: Path | None, shm_before: set[str], exit_timeout: int, kill_after: float):
+                 log_path: Path | None, exit_timeout: int, kill_after: float):
         self.proc = proc
         self.pid = proc.pid
         self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
@@ -125,12 +125,12 @@ class TritonServer:
         self.kill_after = kill_after
         self.started_at = time.monotonic()
         self.ready_after: float | None = None  # seconds from start to ready
-        self._shm_before = shm_before
         self._stubs: dict[int, int] = {}  # pid -> start time (guards against pid reuse)
         self._owned_regions: set[str] = set()
         self._stop_lock = threading.Lock()
         self.killed = False
         self.supervisor = None      # a launcher.supervisor.Supervisor in supervised mode
+        self.gate = None            # its launcher.gate.ReadinessGate
         self._restarting = False
         self.state_dir: Path | None = None
 
@@ -199,12 +199,13 @@ class TritonServer:
             self._stubs.clear()
             self._owned_regions.clear()
             self.killed = False
-            self._shm_before = procs.regions_now()
             self.proc = _popen(self._launch, self.log_path, "ab")
             self.pid = self.proc.pid
             self.started_at = time.monotonic()
             self.ready_after = None
             self._restarting = False
+            if self.gate is not None:
+                self.gate.reset()
 
     def running(self) -> bool:
         """The server process runs (or is being restarted by the supervisor)."""
@@ -279,11 +280,10 @@ class TritonServer:
             time.sleep(0.05)
 
     def _clean_shm(self) -> None:
-        owned = set(self._owned_regions)
-        new = procs.regions_now() - self._shm_before
-        if new:
-            owned |= new - procs.regions_mapped_by_anyone()
-        for path in owned:
+        # only regions known to be this server's: a region that merely appeared meanwhile may be
+        # another server's, being created right now (several servers start and stop side by side
+        # in tests and soaks)
+        for path in set(self._owned_regions):
             try:
                 os.unlink(path)
             except FileNotFoundError:
@@ -340,7 +340,7 @@ def start_server(model_repo, http_port: int, grpc_port: int, metrics_port: int, 
     handle.supervisor.start() once ready); log(line): where the supervisor reports."""
     import tempfile
 
-    from paddle_llm_triton.launcher.gate import GATE_MODEL, make_gate_repository
+    from paddle_llm_triton.launcher.gate import ReadinessGate, make_gate_repository
     from paddle_llm_triton.launcher.supervisor import Supervisor
 
     backend_dir = Path(backend_dir or DEFAULT_BACKEND_DIR)
@@ -350,8 +350,9 @@ def start_server(model_repo, http_port: int, grpc_port: int, metrics_port: int, 
     if supervise:
         state_dir = Path(tempfile.mkdtemp(prefix="paddle_llm_supervisor_"))
         gate_repo = make_gate_repository(state_dir)
+        models = sorted(d.name for d in Path(model_repo).iterdir() if (d / "config.pbtxt").is_file())
         extra_args = ["--model-repository", str(gate_repo), "--model-control-mode", "explicit",
-                      "--load-model", "*", *extra_args]
+                      *[a for m in models for a in ("--load-model", m)], *extra_args]
         env = dict(os.environ if env is None else env)
         env[STATE_ENV] = str(state_dir)
     cmd = server_command(model_repo, http_port, grpc_port, metrics_port, backend_dir,
@@ -359,12 +360,12 @@ def start_server(model_repo, http_port: int, grpc_port: int, metrics_port: int, 
     if log_path is not None:
         log_path = Path(log_path)
         log_path.parent.mkdir(parents=True, exist_ok=True)
-    shm_before = procs.regions_now()
     launch = (cmd, server_env(model_dir, env, python_bin))
-    server = TritonServer(_popen(launch, log_path, "wb"), http_port, grpc_port, metrics_port, log_path, shm_before,
+    server = TritonServer(_popen(launch, log_path, "wb"), http_port, grpc_port, metrics_port, log_path,
                           exit_timeout, kill_after)
     server._launch = launch
     if supervise:
         server.state_dir = state_dir
-        server.supervisor = Supervisor(server, state_dir, ignore=(GATE_MODEL,), log=log)
+        server.gate = ReadinessGate(http_port, state_dir)
+        server.supervisor = Supervisor(server, state_dir, gate=server.gate, log=log)
     return server

@@ -3,13 +3,14 @@ finish, then let tritonserver exit by itself with code 0.
 
 1. every stub of ours gets {"type": "drain", "grace_s": N} on its control socket (control_bus.py):
    new requests are refused at once with UNAVAILABLE, the ones in flight go on;
-2. the readiness gate (gate.py) is unloaded: /v2/health/ready answers 400 from now on, so load
-   balancers and Kubernetes stop routing here;
+2. the readiness gate (gate.py) closes: /v2/health/ready answers 400 from now on, so load balancers
+   and Kubernetes stop routing here;
 3. the stubs are polled ({"type": "status"}) until none has a request in flight, or until the grace
    period (plus 5 s for the stubs' own deadline handling) is over; at the deadline the llm instances
    end their remaining requests with an error saying the server shut down;
-4. every model is unloaded (idle now: each unload completes at once) and tritonserver gets SIGTERM:
-   with nothing loaded and no stream open it exits 0 within about 2 s (measured).
+4. every model is unloaded (idle now: each unload completes at once), the gate's pending load is
+   ended, and tritonserver gets SIGTERM: with nothing loaded and no stream open it exits 0 within
+   about 2 s (measured).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 from typing import Callable
 
 from paddle_llm_triton import control_bus
-from paddle_llm_triton.launcher.gate import GATE_MODEL
+from paddle_llm_triton.launcher.gate import GATE_MODELS
 from paddle_llm_triton.launcher.repository import RepositoryClient, RepositoryError
 
 
@@ -30,10 +31,7 @@ def drain(server, grace_s: float, log: Callable[[str], None] = print) -> dict:
     targets = control_bus.bound_instances(server.pid)
     first = control_bus.ask(server.pid, targets, {"type": "drain", "grace_s": grace_s}, timeout=2.0)
     start_in_flight = sum(int(r.get("in_flight", 0)) for r in first.values())
-    try:
-        repo.unload(GATE_MODEL)
-    except (RepositoryError, OSError) as e:
-        log(f"launch_triton: could not unload the readiness gate ({e}); readiness stays as it is")
+    server.gate.close()
     log(f"launch_triton: draining: {start_in_flight} request(s) in flight on {len(targets)} stub(s), "
         f"new requests refused with UNAVAILABLE, readiness false, grace period {grace_s:.0f} s")
     left = start_in_flight
@@ -43,8 +41,9 @@ def drain(server, grace_s: float, log: Callable[[str], None] = print) -> dict:
         if left == 0 and len(replies) == len(targets):
             break
         time.sleep(0.2)
+    server.gate.shut()
     try:
-        models = [m for m, state in repo.index().items() if state == "READY"]
+        models = [m for m, state in repo.index().items() if state == "READY" and m not in GATE_MODELS]
         for m in models:
             repo.unload(m)
         deadline = time.monotonic() + 15.0

@@ -5,18 +5,21 @@ A thread of the launcher watches, every `poll_s`:
 - the stub processes (children of tritonserver; each names its model file and instance in its
   argv): one that is gone, or replaced by another process, means its model's instance died (a
   kernel fault, the OOM killer, SIGKILL);
-- every `metrics_every_s`, the gauge `llm_engine_healthy` on the metrics endpoint: 0 means the
-  instance's engine failed (a step raised, a tensor-parallel worker died, the stall watchdog fired).
+- the failure notices llm instances send when their engine fails (a step raised, a tensor-parallel
+  worker died, the stall watchdog fired; restarts.notify_failure), and as a fallback, every
+  `metrics_every_s`, the gauge `llm_engine_healthy` on the metrics endpoint (0 = failed).
 Then it reloads that model through Triton's repository API (an unload, then a load: Triton keeps a
-loaded model with unchanged files as it is). From the unload on, the model and the server are not
-ready, so a load balancer stops sending. When the stub died with direct requests in flight, Triton
+loaded model with unchanged files as it is). The readiness gate (gate.py) is closed first and opened
+once the model is back: between the unload and the load of the model Triton would otherwise report
+the server ready (measured: ~0.1 s of 200 with llm UNAVAILABLE), so from the detection on the server
+is not ready and a load balancer stops sending. When the stub died with direct requests in flight, Triton
 2.51 never releases those requests (their clients would wait forever) and the unload never
 completes: after `unload_timeout_s` the supervisor restarts tritonserver itself (same command and
 ports), which closes those clients' connections (they get an error, not a hang) and loads every
 model afresh. Requests of `ensemble` on a dead llm instance end at once with UNAVAILABLE naming the
 instance (engine channel). A load that fails is retried with a doubling back-off (1 s to 30 s).
 Restart counts are written to `<state_dir>/restarts.json` before each load; the llm model reads it
-when it starts and reports it as `llm_engine_restarts_total`.
+when it starts and reports it as `llm_engine_restarts`.
 Needs tritonserver with `--model-control-mode explicit` (start_server(supervise=True) sets it).
 """
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import threading
 import time
 import urllib.request
@@ -33,7 +37,7 @@ from typing import Callable
 
 from paddle_llm_triton.launcher import procs
 from paddle_llm_triton.launcher.repository import RepositoryClient, RepositoryError
-from paddle_llm_triton.restarts import RESTARTS_FILE
+from paddle_llm_triton.restarts import RESTARTS_FILE, supervisor_address
 _HEALTHY = re.compile(r'^llm_engine_healthy\{([^}]*)\}\s+(\S+)', re.M)
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
@@ -79,12 +83,16 @@ def unhealthy_instances(metrics_text: str) -> list[tuple[str, str]]:
 class Supervisor:
     """See the module doc. `server`: the TritonServer handle (pid, ports); `log(line)` prints."""
 
-    def __init__(self, server, state_dir: str | Path, ignore: tuple[str, ...] = (), poll_s: float = 0.5,
-                 metrics_every_s: float = 1.0, unload_timeout_s: float = 5.0, log: Callable[[str], None] = print):
+    def __init__(self, server, state_dir: str | Path, ignore: tuple[str, ...] = (), gate=None,
+                 poll_s: float = 0.5,
+                 metrics_every_s: float = 1.0, unload_timeout_s: float = 2.0, log: Callable[[str], None] = print):
         self.server = server
         self.repo = RepositoryClient(server.http_port)
         self.state_dir = Path(state_dir)
-        self.ignore = set(ignore)
+        from paddle_llm_triton.launcher.gate import GATE_MODELS
+
+        self.ignore = set(ignore) | set(GATE_MODELS)
+        self.gate = gate  # a gate.ReadinessGate, held closed while any reload runs
         self.poll_s, self.metrics_every_s = poll_s, metrics_every_s
         self.unload_timeout_s = unload_timeout_s
         self.server_restarts = 0
@@ -93,6 +101,7 @@ class Supervisor:
         self.restarts: dict[str, int] = {}
         self._known: dict[tuple[str, str], tuple[int, int]] = {}  # (model, instance) -> (pid, start time)
         self._reloading: set[str] = set()
+        self._reloaded_at: dict[str, float] = {}  # model -> time.monotonic() its last reload ended
         self._paused = threading.Event()
         self._restarting = threading.Event()  # the whole server is being restarted: watch nothing
         self._restart_for: tuple[str, float] | None = None  # (model, detection time): restart asked
@@ -100,10 +109,14 @@ class Supervisor:
         self._lock = threading.Lock()
         self._write_restarts()
         self._thread = threading.Thread(target=self._run, name="supervisor", daemon=True)
+        self._notices = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._notices.bind(supervisor_address(self.state_dir))
+        self._notice_thread = threading.Thread(target=self._listen, name="supervisor-notices", daemon=True)
 
     def start(self) -> None:
         self._known = self._stubs_now()
         self._thread.start()
+        self._notice_thread.start()
 
     def pause(self) -> None:
         """Stop acting (the launcher drains and unloads on purpose)."""
@@ -111,8 +124,15 @@ class Supervisor:
 
     def stop(self) -> None:
         self._stop.set()
+        try:
+            self._notices.sendto(b"", supervisor_address(self.state_dir))  # wake the listener
+        except OSError:
+            pass
         if self._thread.is_alive():
             self._thread.join(5)
+        if self._notice_thread.is_alive():
+            self._notice_thread.join(2)
+        self._notices.close()
 
     @property
     def busy(self) -> bool:
@@ -138,12 +158,16 @@ class Supervisor:
                 finally:
                     self._restart_for = None
                     self._restarting.clear()
-                    with self._lock:
+                    with self._lock:  # the restarted server loaded every model afresh
                         self._reloading.discard(model)
+                        now = time.monotonic()
+                        for m in list(self._reloaded_at) + [k[0] for k in self._known]:
+                            self._reloaded_at[m] = now
                 continue
             if self._paused.is_set() or self._restarting.is_set() or self.server.proc.poll() is not None:
                 continue
             now_stubs = self._stubs_now()
+            self.server.remember_stubs()  # their shm regions, for the clean stop
             with self._lock:
                 reloading = set(self._reloading)
             for (model, inst), ident in list(self._known.items()):
@@ -156,11 +180,30 @@ class Supervisor:
                 if key[0] not in reloading:
                     self._known[key] = ident
             if time.monotonic() >= next_metrics:
-                next_metrics = time.monotonic() + self.metrics_every_s
+                scraped_at = time.monotonic()
+                next_metrics = scraped_at + self.metrics_every_s
                 for model, inst in self._scrape_unhealthy():
                     if model and model not in reloading and model not in self.ignore:
-                        self._on_failure(model, "unhealthy", f"instance {inst} reports llm_engine_healthy 0")
+                        self._on_failure(model, "unhealthy", f"instance {inst} reports llm_engine_healthy 0",
+                                         observed_at=scraped_at)
                         reloading.add(model)
+
+    def _listen(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data = self._notices.recv(8192)
+            except OSError:
+                return
+            if not data or self._paused.is_set() or self._restarting.is_set():
+                continue
+            try:
+                msg = json.loads(data.decode("utf-8"))
+                model, inst = str(msg["model"]), str(msg["instance"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            if model not in self.ignore:
+                self._on_failure(model, "unhealthy", f"instance {inst} reports an engine failure "
+                                                     f"({str(msg.get('reason', ''))[:300]})")
 
     def _scrape_unhealthy(self) -> list[tuple[str, str]]:
         try:
@@ -170,11 +213,18 @@ class Supervisor:
             return []
 
     # -- acting ------------------------------------------------------------------------------------
-    def _on_failure(self, model: str, kind: str, detail: str) -> None:
+    def _on_failure(self, model: str, kind: str, detail: str, observed_at: float | None = None) -> None:
+        """observed_at: when the evidence was read (a scrape that began before the model's last reload
+        ended may describe the instance that reload replaced: ignored)."""
         with self._lock:
             if model in self._reloading:
                 return
+            if observed_at is not None and observed_at < self._reloaded_at.get(model, -1.0):
+                return
             self._reloading.add(model)
+            first = len(self._reloading) == 1
+        if first and self.gate is not None:
+            self.gate.close()  # readiness false from now until every reload is done
         self.events.append(SupervisorEvent(time.monotonic(), model, kind, detail))
         self.log(f"supervisor: model {model}: {detail}; reloading it (readiness false until it is back)")
         threading.Thread(target=self._reload, args=(model, time.monotonic()), name=f"reload-{model}",
@@ -225,8 +275,15 @@ class Supervisor:
                 return
         finally:
             if self._restart_for is None:  # else the watch thread clears it after the restart
-                with self._lock:
-                    self._reloading.discard(model)
+                self._reload_done(model)
+
+    def _reload_done(self, model: str) -> None:
+        with self._lock:
+            self._reloading.discard(model)
+            self._reloaded_at[model] = time.monotonic()
+            last = not self._reloading
+        if last and self.gate is not None and not self._paused.is_set() and not self._stop.is_set():
+            self.gate.open(log=self.log)
 
     def _restart_server(self, model: str, t0: float) -> None:
         self.log(f"supervisor: model {model}: Triton does not unload it within {self.unload_timeout_s:.0f} s "

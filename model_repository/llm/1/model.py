@@ -34,7 +34,7 @@ from paddle_llm_triton.instances import instance_names
 from paddle_llm_triton.metrics import LLMMetrics
 from paddle_llm_triton.request_timeout import timeout_seconds
 from paddle_llm_triton.responder import Responder, ResponseOptions
-from paddle_llm_triton.restarts import restart_count
+from paddle_llm_triton.restarts import notify_failure, restart_count
 from paddle_llm_triton.stop_requests import StopRequests
 
 log = logging.getLogger("llm")
@@ -48,6 +48,7 @@ class TritonPythonModel:
         cfg: EngineConfig = engine_config_from_triton(model_config, args)
         opts = serving_options(model_config)
         self.instance = args["model_instance_name"]
+        self.model_name = args["model_name"]
         log.info("llm instance %s: %s", self.instance, cfg)
         self.metrics = LLMMetrics({"model": args["model_name"], "version": str(args["model_version"]),
                                    "instance": self.instance}, restarts_before=restart_count(args["model_name"]))
@@ -81,8 +82,9 @@ class TritonPythonModel:
         return loop is not None and loop.healthy
 
     def _on_engine_failure(self, reason: str):
-        """Engine thread, once: the requests in flight already got an error."""
+        """Engine thread (or the stall watchdog's), once: the requests in flight already got an error."""
         self.metrics.on_engine_failed()
+        notify_failure(self.model_name, self.instance, reason)  # the launcher's supervisor reloads us
         log.error("llm instance %s: engine failed (%s); every new request now fails at once with INTERNAL and "
                   "llm_engine_healthy is 0: the launcher's supervisor reloads the model (plain tritonserver: "
                   "Triton 2.51 keeps /v2/models/llm/ready at 200; restart the server)", self.instance, reason)

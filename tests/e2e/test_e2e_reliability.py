@@ -1,0 +1,213 @@
+"""The README's server stays up by itself (README "Reliability"): scripts/launch_triton.py (what
+`make serve` runs: supervised tritonserver) on a repository copy, driven by tritonclient.
+
+- SIGKILL of the llm stub with streams in flight on both models: readiness turns false at once, the
+  streams end with an error (none hangs: every wait is bounded), the server serves again by itself
+  and llm_engine_restarts counts it;
+- an engine failure (test-only fault injection after N steps): llm_engine_healthy 0, the supervisor
+  reloads the model, requests succeed again;
+- SIGKILL of a tensor-parallel worker (tiny Llama, TP=2): the same;
+- SIGTERM with streams in flight: readiness false at once, a new request refused with the drain's
+  UNAVAILABLE message, the streams in flight finish normally, the launcher exits 0.
+Times are printed (the soak reports them under load); the asserted bounds are generous time-outs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from clients import GrpcStream, ensemble_inputs, llm_inputs, llm_stream, run_concurrently, scrape_metrics
+from repo_edit import set_config_parameter
+from supervised import SupervisedServer
+
+pytestmark = pytest.mark.e2e
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+from tiny_model import make_tiny_llama  # noqa: E402
+
+MODEL_REPO = Path(__file__).resolve().parents[2] / "model_repository"
+FAULT_AFTER_STEPS = 400
+LONG = {"temperature": "0", "max_tokens": "300", "ignore_eos": "true"}
+SHORT = {"temperature": "0", "max_tokens": "8"}
+RECOVER_S = 180  # generous: a restart loads every model again on a loaded 2-core machine
+
+
+def _copy_repo(tmp: Path, edit=None, models=None) -> Path:
+    repo = tmp / "model_repository"
+    shutil.copytree(MODEL_REPO, repo, ignore=shutil.ignore_patterns("__pycache__"))
+    if models is not None:
+        for d in repo.iterdir():
+            if d.is_dir() and d.name not in models:
+                shutil.rmtree(d)
+    if edit is not None:
+        edit(repo)
+    return repo
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, smollm2_dir):
+    tmp = tmp_path_factory.mktemp("supervised")
+
+    def edit(repo):
+        cfg = repo / "llm" / "config.pbtxt"
+        set_config_parameter(cfg, "fault_inject_after_steps", str(FAULT_AFTER_STEPS))
+        set_config_parameter(cfg, "num_kv_blocks", "64")
+        set_config_parameter(cfg, "max_model_len", "2048")
+
+    s = SupervisedServer(_copy_repo(tmp, edit), smollm2_dir, tmp / "launcher.log", drain_grace=60)
+    s.wait(s.ready, 300, "ready")
+    yield s
+    s.stop()
+
+
+def _short_ok(s: SupervisedServer) -> None:
+    r = llm_stream(s.grpc_url, "Hello", True, SHORT, timeout=120)
+    assert r.error is None and r.final_seen and r.text, r.error
+    r = GrpcStream(s.grpc_url, "ensemble", ensemble_inputs("Hello", max_tokens=8, stream=True), timeout=120).collect()
+    assert r.error is None and r.final_seen and r.text, r.error
+
+
+def _restarts(s: SupervisedServer) -> float:
+    return scrape_metrics(s.metrics_url).value("llm_engine_restarts", model="llm")
+
+
+def _started(stream: GrpcStream) -> GrpcStream:
+    """The stream once its first response arrived (kept as stream.first: collect() returns the rest)."""
+    result, err = stream.next(timeout=120)
+    assert err is None, f"stream failed before the test acted: {err}"
+    stream.first = result
+    return stream
+
+
+def _tokens(stream: GrpcStream, rest, name: str) -> int:
+    """Tokens of a whole stream: `name` per response (num_output_tokens: its value; output_log_probs:
+    one entry per token), the first response included."""
+    arrays = [a for a in [stream.first.as_numpy(name)] + rest.all(name) if a is not None]
+    return sum(int(a.reshape(-1)[0]) if name == "num_output_tokens" else a.size for a in arrays)
+
+
+def test_sigkill_of_the_llm_stub_is_recovered_without_a_person(server):
+    s = server
+    _short_ok(s)
+    streams = [_started(GrpcStream(s.grpc_url, "llm", llm_inputs("Once upon a time", True, LONG), timeout=300)),
+               _started(GrpcStream(s.grpc_url, "ensemble", ensemble_inputs(
+                   "Tell me a story", max_tokens=300, min_tokens=300, temperature=0.0, stream=True), timeout=300))]
+    victim = s.stubs()[("llm", "llm_0_0")]
+    os.kill(victim, signal.SIGKILL)
+    t0 = time.monotonic()
+    not_ready = s.wait(lambda: not s.ready(), 30, "not ready after the kill", poll=0.05)
+    llm_r, ens_r = run_concurrently([st.collect for st in streams], timeout=RECOVER_S + 60)
+    assert llm_r.error is not None, f"llm stream did not end with an error ({len(llm_r.responses)} responses)"
+    assert ens_r.error is not None and "llm instance llm_0_0 closed its engine channel" in str(ens_r.error), \
+        str(ens_r.error)
+    s.wait(s.ready, RECOVER_S, "ready again")
+    back = time.monotonic() - t0
+    _short_ok(s)
+    assert _restarts(s) == 1
+    out = s.output()
+    assert f"supervisor: model llm: stub llm_0_0 (pid {victim}) exited" in out, out[-2000:]
+    print(f"\n[reliability] llm stub SIGKILLed with 2 streams in flight: not ready after {not_ready:.2f} s, "
+          f"serving again after {back:.1f} s; llm stream: {llm_r.error}; ensemble stream: {ens_r.error}")
+
+
+def test_engine_failure_is_reloaded(server):
+    s = server
+    before = _restarts(s)
+    r = GrpcStream(s.grpc_url, "llm", llm_inputs("Count slowly", True,
+                                                 {"temperature": "0", "max_tokens": "600", "ignore_eos": "true"}),
+                   timeout=300).collect()
+    assert r.error is not None and "fault injected after" in str(r.error), str(r.error)
+    t0 = time.monotonic()
+    s.wait(lambda: not s.ready(), 60, "not ready after the engine failure", poll=0.05)
+    s.wait(s.ready, RECOVER_S, "ready again")
+    _short_ok(s)
+    assert _restarts(s) == before + 1
+    assert "reports an engine failure (InjectedFault: fault injected after" in s.output(), s.output()[-2000:]
+    print(f"\n[reliability] engine failure: serving again {time.monotonic() - t0:.1f} s after the failed request ended")
+
+
+def test_sigterm_drains_streams_in_flight_and_exits_zero(server):
+    s = server
+    streams = [_started(GrpcStream(s.grpc_url, "llm", llm_inputs(f"Story {i}:", True,
+                                                                 {"temperature": "0", "max_tokens": "48",
+                                                                  "ignore_eos": "true"},
+                                                                 return_num_output_tokens=True), timeout=300))
+               for i in range(2)]
+    streams += [_started(GrpcStream(s.grpc_url, "ensemble", ensemble_inputs(
+        f"Story {i}:", max_tokens=48, min_tokens=48, temperature=0.0, stream=True), timeout=300)) for i in range(2)]
+    s.signal(signal.SIGTERM)
+    s.wait(lambda: not s.ready(), 10, "not ready after SIGTERM", poll=0.02)
+    refused = llm_stream(s.grpc_url, "Hello", True, SHORT, timeout=60)
+    assert refused.error is not None and "shutting down and takes no new requests" in str(refused.error), \
+        str(refused.error)
+    results = run_concurrently([st.collect for st in streams], timeout=300)
+    for r in results:
+        assert r.error is None and r.final_seen, r.error
+    # every stream ran to its end: 48 tokens each (llm: num_output_tokens per response; ensemble: one
+    # output_log_probs entry per token)
+    assert [_tokens(st, r, "num_output_tokens") for st, r in zip(streams[:2], results[:2])] == [48, 48]
+    assert [_tokens(st, r, "output_log_probs") for st, r in zip(streams[2:], results[2:])] == [48, 48]
+    code = s.proc.wait(120)
+    assert code == 0, s.output()[-3000:]
+    assert re.search(r"drained in [0-9.]+ s \(0 request\(s\) were still in flight", s.output()), s.output()[-2000:]
+
+
+@pytest.fixture(scope="module")
+def tp_server(tmp_path_factory, smollm2_dir):
+    tmp = tmp_path_factory.mktemp("supervised_tp")
+    tiny = str(make_tiny_llama(tmp / "tiny", smollm2_dir))
+
+    def edit(repo):
+        cfg = repo / "llm" / "config.pbtxt"
+        for k, v in (("model_dir", tiny), ("tensor_parallel_size", "2"), ("num_kv_blocks", "64"),
+                     ("block_size", "16"), ("max_model_len", "1024"), ("max_num_seqs", "8"), ("num_threads", "1")):
+            set_config_parameter(cfg, k, v)
+
+    s = SupervisedServer(_copy_repo(tmp, edit, models=["llm"]), smollm2_dir, tmp / "launcher.log")
+    s.wait(s.ready, 300, "ready")
+    yield s
+    s.stop()
+
+
+def _tp_workers(s: SupervisedServer) -> list[int]:
+    stub = s.stubs().get(("llm", "llm_0_0"))
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+            ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == stub and b"paddle_llm_engine.tp.worker" in cmd:
+            found.append(int(entry))
+    return sorted(found)
+
+
+def test_sigkill_of_a_tensor_parallel_worker_is_recovered(tp_server):
+    s = tp_server
+    workers = _tp_workers(s)
+    assert len(workers) == 2, workers
+    stream = _started(GrpcStream(s.grpc_url, "llm", llm_inputs("Tell a story:", True,
+                                                              {"temperature": "0", "max_tokens": "600",
+                                                               "ignore_eos": "true"}), timeout=300))
+    os.kill(workers[1], signal.SIGKILL)
+    t0 = time.monotonic()
+    r = stream.collect()
+    assert r.error is not None and "tensor-parallel worker rank 1" in str(r.error), str(r.error)
+    s.wait(lambda: not s.ready(), 60, "not ready after the worker died", poll=0.05)
+    s.wait(s.ready, RECOVER_S, "ready again")
+    r = llm_stream(s.grpc_url, "Hello", True, SHORT, timeout=120)
+    assert r.error is None and r.final_seen, r.error
+    new = _tp_workers(s)
+    assert len(new) == 2 and not set(new) & set(workers), (workers, new)
+    print(f"\n[reliability] TP worker SIGKILLed: serving again after {time.monotonic() - t0:.1f} s")
