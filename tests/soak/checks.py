@@ -18,7 +18,8 @@ FAULT_WORDS = re.compile(
     r"not found|unload|reload|restart|shutting down|draining|exited|died|crash", re.I)
 LIMIT_WORDS = ("max_num_waiting", "max_waiting_requests")
 RECOVER_WITHIN_S = 30.0
-READY_LAG_S = 5.0
+READY_LAG_S = 5.0       # a dead part must show in readiness within this
+PROBE_SLACK_S = 3.0     # readiness back this long before a probe succeeds is not "ready while down"
 KV_BACK_WITHIN_S = 10.0
 REFUSE_WITHIN_S = 1.0
 DRAIN_READY_FALSE_S = 1.0
@@ -196,10 +197,12 @@ def _incident_checks(checks, inc, run, outs) -> None:
     if inc.ready_false_at is None or inc.ready_false_at - inc.t_open > READY_LAG_S:
         fails.append(f"readiness still 200 {READY_LAG_S:.0f} s after {label}"
                      + ("" if inc.ready_false_at is None else f" (false only after {inc.ready_false_at - inc.t_open:.1f} s)"))
-    if inc.ready_200_while_down:
-        a, b = inc.ready_200_while_down[0], inc.ready_200_while_down[-1]
+    # readiness may return a moment before the next probe proves the model serves again
+    early = [t for t in inc.ready_200_while_down if inc.recovered_at is None or t < inc.recovered_at - PROBE_SLACK_S]
+    if early:
+        a, b = early[0], early[-1]
         fails.append(f"/v2/health/ready and /v2/models/{inc.model}/ready answered 200 while {inc.model} was down "
-                     f"({len(inc.ready_200_while_down)} polls, +{rel(a):.0f}s..+{rel(b):.0f}s)")
+                     f"({len(early)} polls, +{rel(a):.0f}s..+{rel(b):.0f}s)")
     checks.append(Check(f"not ready while down: {label}", not fails, "", fails))
     if inc.injected:
         flight = _in_flight_at(outs, inc.t_open, inc.affected)

@@ -56,7 +56,7 @@ def _jsonable(x):
         return {str(k): _jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
         return [_jsonable(v) for v in x]
-    if isinstance(x, (np.floating, np.integer)):
+    if isinstance(x, (np.floating, np.integer, np.bool_)):
         return x.item()
     return x
 
@@ -137,7 +137,8 @@ def write(run: dict, out_dir: Path) -> dict:
         "server_starts": run["server_starts"],
         "log_errors": run.get("log_errors", []),
     }
-    (out_dir / "report.json").write_text(json.dumps(_jsonable(report), indent=1))
+    # default=str: a value of an unforeseen type must not cost the whole report
+    (out_dir / "report.json").write_text(json.dumps(_jsonable(report), indent=1, default=str))
     try:
         plot(rows, report["events"], out_dir / "soak.png")
     except Exception as e:  # noqa: BLE001 - the JSON report is what matters
@@ -159,12 +160,16 @@ def plot(rows: list[dict], events: list[dict], path: Path) -> None:
     labelled = set()
     for k in keys:  # one colour per process name, one line per process lifetime (pid)
         name = k.split("#")[0]
-        xs = [r["t"] / 60 for r in rows if k in r["rss_mb"]]
-        ys = [r["rss_mb"][k] for r in rows if k in r["rss_mb"]]
-        ax.plot(xs, ys, marker=".", lw=1, color=colour[name], label=None if name in labelled else name)
+        mine = [r for r in rows if k in r["rss_mb"] and r["traffic"]] or [r for r in rows if k in r["rss_mb"]]
+        xs = [r["t"] / 60 for r in mine]
+        ys = [r["rss_mb"][k] for r in mine]
+        # growth since the process's first sample under traffic (a stub still loading its model
+        # would dwarf the rest; sizes span 20 MB..2 GB): a leak is a slope
+        y0 = ys[0]
+        ax.plot(xs, [y - y0 for y in ys], marker=".", lw=1, color=colour[name],
+                label=None if name in labelled else f"{name} ({y0:.0f} MB)")
         labelled.add(name)
-    ax.set_ylabel("RSS (MB)")
-    ax.set_yscale("log")
+    ax.set_ylabel("RSS growth (MB)")
     ax.legend(fontsize=6, ncol=3, loc="upper left")
     ax = axes[1]
     models = sorted({m for r in rows for m in r["engines"] if m != "error"})
@@ -202,7 +207,8 @@ def plot(rows: list[dict], events: list[dict], path: Path) -> None:
                 a.axvline(ev["t"] / 60, color=colours[ev["kind"]], ls="--", lw=0.8, alpha=0.7)
             axes[0].annotate(re.sub(r"\s*\(.*", "", ev["what"])[:28], (ev["t"] / 60, 1), xycoords=("data", "axes fraction"),
                              rotation=90, fontsize=6, va="top", ha="right", color=colours[ev["kind"]])
-    fig.suptitle("soak: RSS, KV blocks, throughput, errors (dashed: faults red, crashes black, soak restarts purple)")
+    fig.suptitle("soak: RSS growth since each process's first sample under traffic, KV blocks, throughput, errors\n"
+                 "(dashed lines: faults red, crashes / wedges black, restarts by the soak purple)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -33,7 +33,7 @@ def fit(points: list[tuple[float, float]], first_seen: float, warmup_s: float,
     t = np.array([p[0] for p in pts]) / 60.0
     y = np.array([p[1] for p in pts])
     slope, icpt = np.polyfit(t, y, 1)
-    res.update(span_s=round((t[-1] - t[0]) * 60, 1), slope_mb_per_min=round(float(slope), 3),
+    res.update(span_s=round(float(t[-1] - t[0]) * 60, 1), slope_mb_per_min=round(float(slope), 3),
                start_mb=round(float(y[0]), 1), end_mb=round(float(y[-1]), 1),
                residual_mb=round(float(np.std(y - (slope * t + icpt))), 2))
     return res
@@ -47,7 +47,7 @@ def fits(samples: list[dict], first_seen: dict[str, float], warmup_s: float,
         name = key.split("#")[0]
         r = fit(pts, first_seen.get(key, pts[0][0]), warmup_s, exclude)
         r["name"] = name
-        r["judged"] = r["points"] >= MIN_POINTS and r["span_s"] >= MIN_SPAN_S
+        r["judged"] = bool(r["points"] >= MIN_POINTS and r["span_s"] >= MIN_SPAN_S)
         out[key] = r
     return out
 

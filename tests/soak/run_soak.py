@@ -298,8 +298,8 @@ class Soak:
         return 0 if report["passed"] else 1
 
 
-LOG_LINE = re.compile(r"^E\d{4} |Traceback|Segmentation|SIGSEGV|malloc|lock_exception|not healthy|Aborted|"
-                      r"engine step failed|worker .* (died|exited)", re.I)
+LOG_LINE = re.compile(r"^E\d{4} |Traceback|Segmentation fault|SIGSEGV|SIGABRT|malloc\(\)|lock_exception|"
+                      r"not healthy|core dumped|engine step failed|engine failed|WorkerFailure|killed by")
 
 
 def log_errors(out: Path, limit: int = 60) -> list[str]:
