@@ -34,7 +34,8 @@ def _finish(out: Outcome, payload, resps, problems, complete: bool) -> Outcome:
 
 
 def _fail(out: Outcome, e: Exception) -> None:
-    if isinstance(e, (requests.Timeout, socket.timeout, TimeoutError)):
+    # requests reports a read time-out inside a streamed body as a ConnectionError
+    if isinstance(e, (requests.Timeout, socket.timeout, TimeoutError)) or "Read timed out" in str(e):
         out.status, out.error = "stall", f"HTTP time-out: {e}"
     else:
         out.status, out.error = "error", f"{type(e).__name__}: {e}"

@@ -3,12 +3,12 @@ injected on a schedule; writes report.json and soak.png and exits non-zero when 
 fails (the reasons are listed at the end).
 
     .venv/bin/python tests/soak/run_soak.py [--minutes 30] [--clients 6] [--out build/soak]
-        [--faults stub,tp,flood,drain | none] [--fault-every-s 300] [--warmup-s 120] [--fail-fast]
+        [--faults stub,tp,flood,drain | none] [--fault-every-s S] [--warmup-s 120] [--fail-fast]
 
 `make soak` runs it with SOAK_MINUTES (default 30). Phases: the server (scripts/launch_triton.py as
 `make serve` runs it, on a copy of model_repository with a low waiting limit and an extra
 tensor-parallel model `llm_tp2`), warm-up traffic, traffic with one fault every --fault-every-s
-seconds in turn (SIGKILL of the llm stub, SIGKILL of a TP worker, a flood past the waiting limit),
+seconds in turn (300 s in a 30-minute soak) (SIGKILL of the llm stub, SIGKILL of a TP worker, a flood past the waiting limit),
 traffic stopped and KV checked back at the idle baseline, then the drain (SIGTERM with 4 streams in
 flight). When a part stays down longer than 30 s the server needed a person: that is a failure,
 and the soak restarts the server itself (unless --no-restart) so that the rest of the schedule
@@ -54,10 +54,12 @@ def parse_args(argv=None):
     ap.add_argument("--clients", type=int, default=6, help="concurrent clients on ensemble / llm (4-8)")
     ap.add_argument("--mix", default="full", choices=("full", "short"))
     ap.add_argument("--faults", default="stub,tp,flood,drain", help="comma list of stub,tp,flood,drain or 'none'")
-    ap.add_argument("--fault-every-s", type=float, default=300.0, help="seconds between faults (in turn)")
+    ap.add_argument("--fault-every-s", type=float, default=None,
+                    help="seconds between faults, taken in turn (default (traffic - warm-up - 60 s) / 3 "
+                         "within 40..300: every kind at least once)")
     ap.add_argument("--warmup-s", type=float, default=120.0,
-                    help="traffic before the first fault; left out of the RSS fits (after each process start)")
-    ap.add_argument("--rss-warmup-s", type=float, default=120.0,
+                    help="seconds of traffic before the first fault")
+    ap.add_argument("--rss-warmup-s", type=float, default=300.0,
                     help="seconds after a process appears (or traffic starts) left out of its RSS fit")
     ap.add_argument("--interval", type=float, default=15.0, help="seconds between recorded samples")
     ap.add_argument("--stall-s", type=float, default=30.0, help="no response for this long = a stalled request")
@@ -81,6 +83,8 @@ def parse_args(argv=None):
     if not 1 <= args.clients <= 16:
         ap.error("--clients must be 1..16")
     args.fault_kinds = kinds
+    if args.fault_every_s is None:
+        args.fault_every_s = min(300.0, max(40.0, (args.minutes * 60 - args.warmup_s - 60) / 3))
     return args
 
 
@@ -193,7 +197,9 @@ class Soak:
         schedule = [k for k in a.fault_kinds if k in ("stub", "tp", "flood")]
         next_fault = self.t_traffic0 + min(a.warmup_s, a.minutes * 60 / 4)
         i = 0
-        while time.monotonic() < t_end and not self.stop_asked.is_set():
+        # past t_end the traffic goes on while a part is down (each incident is bounded: recovered,
+        # or restarted 30 s after it opened), so that the final checks see a serving server
+        while not self.stop_asked.is_set() and (time.monotonic() < t_end or any(x.open for x in self.watcher.incidents)):
             for inc in self.watcher.overdue(C.RECOVER_WITHIN_S):
                 if not inc.person_needed:
                     inc.person_needed = True
@@ -204,15 +210,21 @@ class Soak:
                     elif not a.no_restart:
                         self._restart(f"'{inc.what}' not recovered within {C.RECOVER_WITHIN_S:.0f} s")
                         next_fault = max(next_fault, time.monotonic() + 10)
+                    else:
+                        self.watcher.close(inc, "left down (--no-restart)")
+                        schedule = []
             if a.fail_fast and (self.traffic.stalls_seen or any(not x.injected for x in self.watcher.incidents)):
                 self.stop_asked.set()
                 break
             busy = any(x.open for x in self.watcher.incidents)
-            if schedule and not busy and time.monotonic() >= next_fault and t_end - time.monotonic() > 20:
+            left = t_end - time.monotonic()
+            if schedule and not busy and time.monotonic() >= next_fault:
                 kind = schedule[i % len(schedule)]
-                i += 1
-                self._inject(kind)
-                next_fault = time.monotonic() + a.fault_every_s
+                # a kill must leave time to judge its recovery, a flood time to see KV come back
+                if left > (C.RECOVER_WITHIN_S + 15 if kind in ("stub", "tp") else 30):
+                    i += 1
+                    self._inject(kind)
+                    next_fault = time.monotonic() + a.fault_every_s
             self.stop_asked.wait(0.5)
         self.traffic_s = time.monotonic() - self.t_traffic0
 
