@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 PYTHON_VENV := .venv/bin/python
 
-.PHONY: setup serve test reference
+.PHONY: setup serve test soak reference
 
 setup:
 	bash scripts/setup.sh
@@ -12,6 +12,12 @@ serve: setup
 
 test: setup
 	$(PYTHON_VENV) -m pytest -q tests
+
+# Soak and fault suite (tests/soak/run_soak.py): the README server under mixed traffic with faults on a
+# schedule, for SOAK_MINUTES minutes of traffic; report in build/soak/ (report.json, soak.png).
+SOAK_MINUTES ?= 30
+soak: setup
+	$(PYTHON_VENV) tests/soak/run_soak.py --minutes $(SOAK_MINUTES) $(SOAK_ARGS)
 
 # HF transformers (torch CPU) reference outputs, from their own venv build/ref-venv.
 reference:

@@ -1,0 +1,92 @@
+"""The soak's copy of model_repository/ (the shipped configs are never touched).
+
+- `llm`: a low waiting-queue limit, so that a flood can pass it, and a bounded max_num_seqs. The
+  limit's parameter is whichever name the shipped llm config declares (`max_num_waiting`, else the
+  older `max_waiting_requests`): the engine refuses parameter names it does not know.
+- `llm_tp2`: a copy of `llm` with tensor_parallel_size 2 on a tiny random Llama (SmolLM2's 9 heads
+  admit no TP=2), a small KV pool and one thread per rank, for the TP-worker fault.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shutil
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO_ROOT = HERE.parents[1]
+for _p in (HERE.parent / "e2e", HERE.parent / "unit"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+from repo_edit import set_config_parameter  # noqa: E402  (tests/e2e)
+
+MODEL_REPO = REPO_ROOT / "model_repository"
+WAITING_KEYS = ("max_num_waiting", "max_waiting_requests")  # new name first
+
+
+@dataclasses.dataclass
+class SoakRepo:
+    """Where the copy is and the limits it sets (the traffic and the flood size depend on them)."""
+
+    path: Path
+    waiting_key: str
+    max_waiting: int
+    max_num_seqs: int
+    tp_model: str | None
+
+
+def config_value(config: Path, key: str) -> str | None:
+    m = re.search(r'key:\s*"' + re.escape(key) + r'"\s*value:\s*\{\s*string_value:\s*"([^"]*)"', config.read_text())
+    return m.group(1) if m else None
+
+
+def waiting_key(config: Path) -> str:
+    """The waiting-queue limit parameter this code base's llm config declares."""
+    for k in WAITING_KEYS:
+        if config_value(config, k) is not None:
+            return k
+    raise RuntimeError(f"{config} declares none of {WAITING_KEYS}: cannot set the flood limit")
+
+
+def prepare(out_dir: Path, tiny_model_dir: Path | None, max_waiting: int = 8, max_num_seqs: int = 16,
+            tp: bool = True) -> SoakRepo:
+    """Copy model_repository into out_dir/model_repository (replacing an old copy) and edit it."""
+    dst = Path(out_dir) / "model_repository"
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(MODEL_REPO, dst, ignore=shutil.ignore_patterns("__pycache__"))
+    llm_cfg = dst / "llm" / "config.pbtxt"
+    key = waiting_key(llm_cfg)
+    set_config_parameter(llm_cfg, key, str(max_waiting))
+    set_config_parameter(llm_cfg, "max_num_seqs", str(max_num_seqs))
+    tp_model = None
+    if tp:
+        if tiny_model_dir is None:
+            raise ValueError("the TP model needs a tiny checkpoint folder")
+        tp_model = "llm_tp2"
+        tp_dir = dst / tp_model
+        shutil.copytree(dst / "llm", tp_dir)
+        cfg = tp_dir / "config.pbtxt"
+        text = cfg.read_text()
+        text, n = re.subn(r'^name:\s*"llm"', f'name: "{tp_model}"', text, count=1, flags=re.M)
+        if n != 1:
+            raise RuntimeError(f"no name line in {cfg}")
+        cfg.write_text(text)
+        for k, v in (("model_dir", str(Path(tiny_model_dir).resolve())), ("tensor_parallel_size", "2"),
+                     ("num_kv_blocks", "64"), ("block_size", "16"), ("max_model_len", "1024"),
+                     ("max_num_seqs", "4"), ("num_threads", "1"), (key, "16")):
+            set_config_parameter(cfg, k, v)
+    return SoakRepo(dst, key, max_waiting, max_num_seqs, tp_model)
+
+
+def make_tiny_model(out_dir: Path, tokenizer_dir: Path) -> Path:
+    """The tiny random Llama of the unit tests (4 heads, 2 KV heads), made once in out_dir."""
+    from tiny_model import make_tiny_llama  # tests/unit
+
+    target = Path(out_dir) / "tiny_llama"
+    if not (target / "model.safetensors").is_file():
+        make_tiny_llama(target, tokenizer_dir)
+    return target

@@ -1,0 +1,77 @@
+"""The soak's judging without a server: how outcomes are classified (expected or not), the RSS
+slope fit, and the response validation of one request."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+for _p in (HERE, HERE.parent / "e2e"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+import checks  # noqa: E402
+import rss  # noqa: E402
+from records import Outcome  # noqa: E402
+from validate import Resp, Spec, check_responses  # noqa: E402
+
+
+def _o(status="error", error=None, expect="ok", model="llm", protocol="grpc", t=(10.0, 12.0), **kw):
+    o = Outcome("s", model, protocol, "c", "id", expect=expect, t_send=t[0], t_end=t[1], status=status, error=error)
+    for k, v in kw.items():
+        setattr(o, k, v)
+    return o
+
+
+def test_bad_input_must_name_the_field_and_be_400_over_http():
+    assert checks.classify(_o(error="sampling_parameters.top_p: must be in (0, 1]", expect="invalid_arg:top_p"), []) \
+        == ("invalid_arg", True)
+    assert checks.classify(_o(error="something went wrong", expect="invalid_arg:top_p"), [])[1] is False
+    assert checks.classify(_o(error="top_p: bad", expect="invalid_arg:top_p", protocol="http", http_status=500), [])[1] \
+        is False
+    assert checks.classify(_o(status="ok", expect="invalid_arg:top_p"), []) == ("bad_input_accepted", False)
+
+
+def test_errors_are_expected_only_in_a_fault_window_of_their_model_and_when_they_say_what_happened():
+    win = [checks.Window(11.0, 20.0, ["llm", "ensemble"], "SIGKILL of stub llm_0_0")]
+    named = _o(error="Stub process 'llm_0_0' is not healthy.")
+    assert checks.classify(named, win) == ("fault", True)
+    assert checks.classify(named, []) == ("unexpected_error", False)
+    assert checks.classify(_o(error="Internal error"), win) == ("fault_unnamed", False)
+    assert checks.classify(_o(error="Stub process 'llm_0_0' is not healthy.", model="llm_tp2"), win)[1] is False
+    assert checks.classify(_o(status="stall", error="no response for 30 s"), win) == ("stall", False)
+    restart = [checks.Window(11.0, 20.0, ["*"], "restart by the soak", anything=True)]
+    assert checks.classify(_o(error="Socket closed"), restart) == ("restart", True)
+
+
+def test_flood_refusals_must_name_the_limit():
+    ok = _o(error="server busy: 8 requests already waiting (max_waiting_requests); retry later")
+    ok.scenario = "flood"
+    assert checks.classify(ok, []) == ("unavailable", True)
+    bad = _o(error="Internal error")
+    bad.scenario = "flood"
+    assert checks.classify(bad, []) == ("flood_error", False)
+
+
+def test_rss_slope_is_fitted_after_the_warm_up():
+    warm = [(t, 100.0 + 10 * t / 60) for t in range(0, 300, 15)]       # +10 MB/min while warming up
+    flat = [(t, 150.0 + 0.05 * ((t // 15) % 2)) for t in range(300, 900, 15)]  # then flat with noise
+    r = rss.fit(warm + flat, first_seen=0.0, warmup_s=300.0)
+    assert r["points"] == len(flat) and abs(r["slope_mb_per_min"]) < 0.05
+    leak = [(t, 150.0 + 2.0 * t / 60) for t in range(300, 900, 15)]
+    assert abs(rss.fit(leak, 0.0, 300.0)["slope_mb_per_min"] - 2.0) < 1e-6
+    assert rss.fit(leak, 0.0, 300.0, exclude=[(300.0, 899.0)])["points"] == 0
+
+
+def test_validation_of_llm_stream_finish_reasons_and_counts():
+    spec = Spec("llm", max_tokens=3, stream=True, finish_reason=True)
+    good = [Resp(0, "a", "None", 1), Resp(1, "b", "None", 1), Resp(2, "c", "length", 1)]
+    assert check_responses(spec, good, complete=True) == []
+    early = [Resp(0, "a", "stop", 1), Resp(1, "b", "length", 1)]
+    assert any("before the end" in p for p in check_responses(spec, early, complete=True))
+    short = [Resp(0, "a", "None", 1), Resp(1, "b", "length", 1)]
+    assert any("finish_reason length after 2 tokens" in p for p in check_responses(spec, short, complete=True))
+    guided = Spec("llm", max_tokens=10, stream=True, finish_reason=True, guided_json=True)
+    assert check_responses(guided, [Resp(0, '{"a": ', "None", 1), Resp(1, "1}", "stop", 1)], True) == []
+    assert any("does not parse" in p for p in check_responses(guided, [Resp(0, '{"a": ', "stop", 1)], True))

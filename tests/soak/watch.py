@@ -1,0 +1,192 @@
+"""The soak's eyes between the 15 s samples: every 0.5 s it reads readiness (/v2/health/ready and
+/v2/models/<m>/ready) and the server's process tree, and keeps `Incident`s, one per time a part of
+the server was down: opened by an injected fault, or by what it sees itself (a stub or worker gone
+without a fault = crash; probes failing = wedged; llm_engine_healthy 0 = unhealthy). An incident is
+recovered when a probe sent after it opened succeeds on every affected model; readiness is watched
+meanwhile (it must go false while the model is down)."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+from records import Recorder
+
+# what a dead part takes down with it (ensemble calls preprocessing, llm and postprocessing)
+DEPENDANTS = {"llm": ["llm", "ensemble"], "preprocessing": ["preprocessing", "ensemble"],
+              "postprocessing": ["postprocessing", "ensemble"], "ensemble": ["ensemble"]}
+
+
+def instance_model(instance: str) -> str:
+    """"llm_tp2_0_0" -> "llm_tp2" (Triton instance names are <model>_<group>_<index>)."""
+    parts = instance.rsplit("_", 2)
+    return parts[0] if len(parts) == 3 else instance
+
+
+@dataclasses.dataclass
+class Incident:
+    """One stretch during which `model` (and `affected`) could not serve."""
+
+    kind: str            # fault | crash | wedge | unhealthy
+    what: str
+    model: str
+    affected: list
+    t_open: float
+    injected: bool
+    ready_false_at: float | None = None      # first readiness poll != 200 after t_open
+    ready_200_while_down: list = dataclasses.field(default_factory=list)  # poll times
+    recovered_at: float | None = None
+    closed_at: float | None = None
+    closed_how: str = ""                      # recovered | restarted by the soak | end of soak
+    person_needed: bool = False
+
+    @property
+    def open(self) -> bool:
+        return self.closed_at is None
+
+
+class Watcher:
+    """Readiness and process watching, and the incidents. server(): the current SoakServer."""
+
+    def __init__(self, server_fn, prober, recorder: Recorder, models: list[str], period: float = 0.5,
+                 wedge_after: int = 2, ready_lag_s: float = 5.0):
+        self.server_fn, self.prober, self.recorder = server_fn, prober, recorder
+        self.models, self.period, self.wedge_after, self.ready_lag_s = models, period, wedge_after, ready_lag_s
+        self.readiness: list[tuple] = []   # (t, server code, {model: code})
+        self.incidents: list[Incident] = []
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._held = threading.Event()
+        self._procs: dict[tuple, object] = {}  # (pid, start) -> Proc of the last poll
+        self._clear_since: dict[str, float] = {}  # model -> probes before this do not count (an incident or a hold)
+        self._thread = threading.Thread(target=self._loop, name="soak-watch", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def hold(self, held: bool) -> None:
+        """While held (the soak restarts or drains the server) nothing is judged."""
+        with self._lock:
+            if held:
+                self._held.set()
+            else:
+                self._procs = {}
+                now = time.monotonic()
+                self._clear_since = {m: now for m in self.models}
+                self._held.clear()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    # ---- incidents
+
+    def open_incident(self, kind: str, what: str, model: str, injected: bool, t: float | None = None) -> Incident:
+        inc = Incident(kind, what, model, DEPENDANTS.get(model, [model]), time.monotonic() if t is None else t, injected)
+        inc.affected = [m for m in inc.affected if m in self.models] or [model]
+        with self._lock:
+            self.incidents.append(inc)
+        self.prober.hurry.set()
+        self.recorder.event(kind, what, t=inc.t_open, model=model)
+        return inc
+
+    def open_for(self, model: str) -> Incident | None:
+        with self._lock:
+            for inc in self.incidents:
+                if inc.open and model in inc.affected:
+                    return inc
+        return None
+
+    def close(self, inc: Incident, how: str, t: float | None = None) -> None:
+        with self._lock:
+            if inc.open:
+                inc.closed_at = time.monotonic() if t is None else t
+                inc.closed_how = how
+                for m in inc.affected:
+                    self._clear_since[m] = max(self._clear_since.get(m, 0.0), inc.closed_at)
+            if not any(i.open for i in self.incidents):
+                self.prober.hurry.clear()
+
+    def overdue(self, bound_s: float) -> list[Incident]:
+        """Open incidents older than bound_s (the server needs a person)."""
+        now = time.monotonic()
+        with self._lock:
+            return [i for i in self.incidents if i.open and now - i.t_open > bound_s]
+
+    # ---- the loop
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.period):
+            if self._held.is_set():
+                continue
+            try:
+                self._poll()
+            except Exception as e:  # noqa: BLE001 - watching must go on
+                self.recorder.event("note", f"watcher error: {type(e).__name__}: {e}")
+
+    def _poll(self) -> None:
+        srv = self.server_fn()
+        t = time.monotonic()
+        server_code = srv.ready("/v2/health/ready", timeout=2)
+        codes = {m: srv.ready(f"/v2/models/{m}/ready", timeout=2) for m in self.models}
+        with self._lock:
+            if self._held.is_set():
+                return
+            self.readiness.append((t, server_code, codes))
+            self._check_processes(srv, t)
+            self._check_probes(t)
+            for inc in self.incidents:
+                if not inc.open:
+                    continue
+                down = server_code != 200 or codes.get(inc.model) != 200
+                if down and inc.ready_false_at is None:
+                    inc.ready_false_at = t
+                if not down and t - inc.t_open > self.ready_lag_s and inc.recovered_at is None:
+                    inc.ready_200_while_down.append(t)
+                self._check_recovered(inc, server_code == 200 and codes.get(inc.model) == 200)
+
+    def _check_processes(self, srv, t: float) -> None:
+        procs = {(p.pid, p.start): p for p in srv.processes() if p.role in ("tritonserver", "stub", "tp_worker", "launcher")}
+        for key, p in self._procs.items():
+            if key in procs:
+                continue
+            if p.role in ("tritonserver", "launcher"):
+                model, what = "llm", f"{p.name} (pid {p.pid}) exited"
+                affected = list(self.models)
+            else:
+                inst = p.name.split(":")[1]
+                model, what, affected = instance_model(inst), f"{p.name} (pid {p.pid}) exited", None
+            if self.open_for(model) is None:
+                inc = self.open_incident("crash", what + " without an injected fault", model, injected=False, t=t)
+                if affected:
+                    inc.affected = affected
+        self._procs = procs
+
+    def _check_probes(self, t: float) -> None:
+        for m in self.models:
+            if self.open_for(m) is not None:
+                continue
+            last = [p for p in self.prober.last(m, self.wedge_after) if p.t_sent >= self._clear_since.get(m, 0.0)]
+            if len(last) == self.wedge_after and not any(p.ok for p in last):
+                self.open_incident("wedge", f"{m}: {self.wedge_after} probes failed: {last[-1].message[:200]}",
+                                   m, injected=False, t=last[0].t_sent)
+
+    def _check_recovered(self, inc: Incident, ready: bool) -> None:
+        if inc.recovered_at is not None or not ready:
+            return
+        done = []
+        for m in inc.affected:
+            ok = [p for p in self.prober.since(m, inc.t_open + 0.5) if p.ok]
+            if not ok:
+                return
+            done.append(ok[0].t_done)
+        inc.recovered_at = max(done)
+        self.close(inc, "recovered", t=inc.recovered_at)
+        self.recorder.event("note", f"recovered from '{inc.what}' after {inc.recovered_at - inc.t_open:.1f} s")
+
+    def note_unhealthy(self, model: str, t: float) -> None:
+        """The 15 s sampler saw llm_engine_healthy 0 for model."""
+        with self._lock:
+            if not self._held.is_set() and self.open_for(model) is None:
+                self.open_incident("unhealthy", f"{model}: llm_engine_healthy 0", model, injected=False, t=t)
