@@ -63,7 +63,8 @@ def main(argv=None) -> int:
           f"{MODEL_DIR_ENV}={Path(args.model_dir).resolve()}", flush=True)
 
     ready_reported = False
-    while not stop_signal and server.running():
+    # supervised and once ready: tritonserver may exit and be restarted by the supervisor meanwhile
+    while not stop_signal and (server.running() or (server.supervisor is not None and ready_reported)):
         if not ready_reported and server.is_ready():
             server.ready_after = time.monotonic() - server.started_at
             print(f"launch_triton: ready in {server.ready_after:.2f} s: http 127.0.0.1:{args.http_port}, "

@@ -91,6 +91,8 @@ class FakeServer:
         self.restarted = threading.Event()
 
     def restart(self):
+        if self.proc.poll() is not None:
+            self.proc = subprocess.Popen(["sleep", "600"])  # "started again"
         self.restarted.set()
 
     def remember_stubs(self):
@@ -198,3 +200,32 @@ def test_a_scrape_older_than_the_last_reload_is_ignored(rig):
     sup._on_failure("llm", "unhealthy", "fresh", observed_at=time.monotonic())
     assert [e.detail for e in sup.events] == ["fresh"]
     assert wait_for(lambda: not sup.busy)
+
+
+def test_a_dead_tritonserver_is_started_again(rig):
+    triton, server, stubs, gate, sup, lines = rig
+    sup.start()
+    time.sleep(0.2)
+    old = server.proc
+    old.kill()  # as when Triton 2.51's Python backend aborts the server
+    old.wait()
+    assert server.restarted.wait(10)
+    assert server.proc is not old and server.proc.poll() is None
+    assert wait_for(lambda: any(e.kind == "server_restarted" for e in sup.events))
+    assert any("tritonserver exited with code -9; restarting tritonserver" in l for l in lines), lines
+    assert ("load", "llm") not in triton.calls  # a restart loads everything: no per-model reload
+
+
+def test_a_live_stub_gets_time_to_finish_before_anything_is_killed(rig):
+    triton, server, stubs, gate, sup, lines = rig
+    sup.unload_timeout_s = 0.2
+    triton.stuck.add("llm")  # finalize() still running: stays UNLOADING for a while
+    sup.start()
+    assert notify_failure("llm", "llm_0_0", "WorkerFailure: rank 1 died")
+    assert wait_for(lambda: ("unload", "llm") in triton.calls)
+    time.sleep(1.0)
+    assert not server.restarted.is_set() and stubs[("llm", "llm_0_0")].poll() is None  # not 0.2 s: up to 60 s
+    triton.stuck.discard("llm")
+    triton.state["llm"] = "UNAVAILABLE"
+    assert wait_for(lambda: ("load", "llm") in triton.calls)
+    assert not server.restarted.is_set()

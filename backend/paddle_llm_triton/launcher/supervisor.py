@@ -2,6 +2,9 @@
 a dead stub is not restarted and the model stays "ready").
 
 A thread of the launcher watches, every `poll_s`:
+- tritonserver itself: when it exits (measured: Triton 2.51's Python backend can abort the whole
+  server with boost::interprocess::lock_exception when a stub is SIGKILLed holding a shared-memory
+  mutex), it is started again with the same command and ports;
 - the stub processes (children of tritonserver; each names its model file and instance in its
   argv): one that is gone, or replaced by another process, means its model's instance died (a
   kernel fault, the OOM killer, SIGKILL);
@@ -104,7 +107,7 @@ class Supervisor:
         self._reloaded_at: dict[str, float] = {}  # model -> time.monotonic() its last reload ended
         self._paused = threading.Event()
         self._restarting = threading.Event()  # the whole server is being restarted: watch nothing
-        self._restart_for: tuple[str, float] | None = None  # (model, detection time): restart asked
+        self._restart_for: tuple[str, str | None, float] | None = None  # (why, model, detection time)
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._write_restarts()
@@ -152,19 +155,14 @@ class Supervisor:
         next_metrics = 0.0
         while not self._stop.wait(self.poll_s):
             if self._restart_for is not None and not self._paused.is_set():
-                model, t0 = self._restart_for
-                try:
-                    self._restart_server(model, t0)
-                finally:
-                    self._restart_for = None
-                    self._restarting.clear()
-                    with self._lock:  # the restarted server loaded every model afresh
-                        self._reloading.discard(model)
-                        now = time.monotonic()
-                        for m in list(self._reloaded_at) + [k[0] for k in self._known]:
-                            self._reloaded_at[m] = now
+                self._restart_server(*self._restart_for)
                 continue
-            if self._paused.is_set() or self._restarting.is_set() or self.server.proc.poll() is not None:
+            if self._paused.is_set() or self._restarting.is_set():
+                continue
+            code = self.server.proc.poll()
+            if code is not None:  # tritonserver itself died (e.g. its Python backend aborted)
+                self.events.append(SupervisorEvent(time.monotonic(), "tritonserver", "died", f"exit code {code}"))
+                self._request_restart(f"tritonserver exited with code {code}", None, time.monotonic())
                 continue
             now_stubs = self._stubs_now()
             self.server.remember_stubs()  # their shm regions, for the clean stop
@@ -227,8 +225,16 @@ class Supervisor:
             self.gate.close()  # readiness false from now until every reload is done
         self.events.append(SupervisorEvent(time.monotonic(), model, kind, detail))
         self.log(f"supervisor: model {model}: {detail}; reloading it (readiness false until it is back)")
-        threading.Thread(target=self._reload, args=(model, time.monotonic()), name=f"reload-{model}",
+        threading.Thread(target=self._reload, args=(model, time.monotonic(), kind), name=f"reload-{model}",
                          daemon=True).start()
+
+    def _request_restart(self, why: str, model: str | None, t0: float) -> None:
+        """Ask the watch thread to restart tritonserver (a child's parent-death signal follows the
+        thread that started it, so only the long-lived watch thread may start the new server)."""
+        with self._lock:
+            if self._restart_for is None:
+                self._restart_for = (why, model, t0)
+                self._restarting.set()
 
     def _write_restarts(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -236,28 +242,36 @@ class Supervisor:
         tmp.write_text(json.dumps(self.restarts))
         tmp.replace(self.state_dir / RESTARTS_FILE)
 
-    def _reload(self, model: str, t0: float) -> None:
+    def _reload(self, model: str, t0: float, kind: str = "died") -> None:
+        """Unload + load `model`. A stub that died leaves Triton 2.51 waiting forever for its requests
+        in flight, so after unload_timeout_s the server is restarted; a live stub that failed gets its
+        finalize() (up to 60 s: tensor-parallel workers are stopped), then its processes are killed."""
         backoff = 1.0
         try:
             with self._lock:
                 self.restarts[model] = self.restarts.get(model, 0) + 1
                 self._write_restarts()
                 old = [self._known.pop(k) for k in [k for k in self._known if k[0] == model]]
-            while not self._stop.is_set() and not self._paused.is_set():
+            while not self._stop.is_set() and not self._paused.is_set() and not self._restarting.is_set():
                 try:
                     self.repo.unload(model)
-                    if not self._wait_unloaded(model, self.unload_timeout_s):
+                    unloaded = self._wait_unloaded(model, self.unload_timeout_s if kind == "died" else 60.0)
+                    if not unloaded and kind != "died":
+                        self.log(f"supervisor: model {model}: its stub did not finish unloading in 60 s; killing it")
+                        procs.kill_if_same(old)
+                        unloaded = self._wait_unloaded(model, self.unload_timeout_s)
+                    if not unloaded:
                         # Triton 2.51 never releases requests that were in flight on a stub that
                         # died (their clients hang), and unloading waits for them: only a new
                         # tritonserver ends them (their connections close) and serves again
                         procs.kill_if_same(old)
-                        # restarted on the watch thread: a child's parent-death signal follows the
-                        # thread that started it, and this reload thread ends now
-                        self._restart_for = (model, t0)
-                        self._restarting.set()
+                        self._request_restart(f"model {model}: Triton does not unload it (requests of the dead "
+                                              f"stub are stuck in Triton 2.51)", model, t0)
                         return
                     self.repo.load(model)
                 except (RepositoryError, OSError) as e:
+                    if self._restarting.is_set():
+                        return
                     self.events.append(SupervisorEvent(time.monotonic(), model, "reload_failed", str(e)))
                     self.log(f"supervisor: model {model}: reload failed ({e}); retrying in {backoff:.0f} s")
                     if self._stop.wait(backoff):
@@ -274,7 +288,7 @@ class Supervisor:
                          f"(restart {self.restarts[model]})")
                 return
         finally:
-            if self._restart_for is None:  # else the watch thread clears it after the restart
+            if not self._restarting.is_set():  # else the restart clears every reload
                 self._reload_done(model)
 
     def _reload_done(self, model: str) -> None:
@@ -285,23 +299,37 @@ class Supervisor:
         if last and self.gate is not None and not self._paused.is_set() and not self._stop.is_set():
             self.gate.open(log=self.log)
 
-    def _restart_server(self, model: str, t0: float) -> None:
-        self.log(f"supervisor: model {model}: Triton does not unload it within {self.unload_timeout_s:.0f} s "
-                 f"(requests of the dead stub are stuck in Triton 2.51); restarting tritonserver")
-        self.server.restart()
-        try:
-            self.server.wait_ready(timeout=600)
-        except (RuntimeError, TimeoutError) as e:
-            self.events.append(SupervisorEvent(time.monotonic(), model, "restart_failed", str(e)))
-            self.log(f"supervisor: tritonserver did not come back: {e}")
+    def _restart_server(self, why: str, model: str | None, t0: float) -> None:
+        """Watch thread: restart tritonserver until it is ready again (doubling back-off up to 30 s);
+        every model is loaded afresh, so every reload in progress is over."""
+        self.log(f"supervisor: {why}; restarting tritonserver")
+        backoff = 1.0
+        while not self._stop.is_set() and not self._paused.is_set():
+            self.server.restart()
+            try:
+                self.server.wait_ready(timeout=600)
+                break
+            except (RuntimeError, TimeoutError) as e:
+                self.events.append(SupervisorEvent(time.monotonic(), model or "tritonserver", "restart_failed", str(e)))
+                self.log(f"supervisor: tritonserver did not come back ({e}); retrying in {backoff:.0f} s")
+                if self._stop.wait(backoff):
+                    return
+                backoff = min(30.0, backoff * 2)
+        else:
             return
-        self._known = self._stubs_now()
         took = time.monotonic() - t0
         self.server_restarts += 1
-        self.events.append(SupervisorEvent(time.monotonic(), model, "server_restarted",
-                                           f"restart {self.restarts[model]}", took))
-        self.log(f"supervisor: tritonserver restarted; serving again after {took:.1f} s (model {model} restart "
-                 f"{self.restarts[model]})")
+        with self._lock:
+            self._known = self._stubs_now()
+            now = time.monotonic()
+            for m in set(self._reloading) | set(self._reloaded_at) | {k[0] for k in self._known}:
+                self._reloaded_at[m] = now
+            self._reloading.clear()
+            self._restart_for = None
+            self._restarting.clear()
+        detail = f"restart {self.restarts[model]}" if model else f"server restart {self.server_restarts}"
+        self.events.append(SupervisorEvent(time.monotonic(), model or "tritonserver", "server_restarted", detail, took))
+        self.log(f"supervisor: tritonserver restarted; serving again after {took:.1f} s ({detail})")
 
     def _wait_unloaded(self, model: str, timeout: float = 60.0) -> bool:
         """True once Triton no longer holds `model` (False after `timeout` seconds)."""
