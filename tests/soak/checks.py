@@ -16,6 +16,8 @@ import rss as rss_fit
 FAULT_WORDS = re.compile(
     r"not healthy|stub|killed|sigkill|engine fail|not serving|worker|unavailable|not ready|unknown model|"
     r"not found|unload|reload|restart|shutting down|draining|exited|died|crash", re.I)
+UNREACHABLE = re.compile(r"Connection refused|failed to connect|RemoteDisconnected|Response ended prematurely|"
+                         r"Connection reset|Socket closed|GOAWAY|Connection aborted", re.I)
 LIMIT_WORDS = ("max_num_waiting", "max_waiting_requests")
 RECOVER_WITHIN_S = 30.0
 READY_LAG_S = 5.0       # a dead part must show in readiness within this
@@ -84,12 +86,16 @@ def classify(o, wins: list[Window]) -> tuple[str, bool]:
         return "cancelled", True
     if overlapping:
         return _fault_kind(o, overlapping)
+    if UNREACHABLE.search(o.error or ""):
+        return "server_unreachable", False
     return "unexpected_error", False
 
 
 def _fault_kind(o, wins) -> tuple[str, bool]:
     if any(w.anything for w in wins):
         return "restart", True
+    if UNREACHABLE.search(o.error or ""):
+        return "server_unreachable", False  # the server process is gone: a crash, not a named fault
     if FAULT_WORDS.search(o.error or ""):
         return "fault", True
     return "fault_unnamed", False

@@ -154,6 +154,8 @@ def _flood_one(ctx, i: int, use_http: bool, barrier: threading.Barrier, out: Out
     try:
         out.t_send = s.send("llm", payload.grpc_inputs(), out.request_id)
         ok = _read(ctx, s, out, payload, resps, problems)
+    except Exception as e:  # noqa: BLE001 - the stream broke before the send
+        out.status, out.error = "error", f"send: {e}"
     finally:
         (s.close if ok else s.cancel)()
     out.problems += problems

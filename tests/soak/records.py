@@ -25,7 +25,7 @@ class Outcome:
     client: str
     request_id: str
     expect: str = "ok"
-    t_send: float = 0.0
+    t_send: float = dataclasses.field(default_factory=time.monotonic)  # reset at the actual send
     t_end: float = 0.0
     times: list = dataclasses.field(default_factory=list)
     tokens: list = dataclasses.field(default_factory=list)

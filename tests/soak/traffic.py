@@ -15,6 +15,7 @@ from functools import partial
 import bad_inputs
 import grpc_requests as G
 import http_requests as H
+from checks import UNREACHABLE as _UNREACHABLE
 from records import Outcome, Recorder
 
 
@@ -131,14 +132,17 @@ class Traffic:
             if self.stalls_seen <= 10:  # say it as it happens (the soak may run for hours)
                 self.recorder.event("note", f"{out.status} request {out.request_id} ({out.scenario} "
                                             f"{out.model}/{out.protocol}): {(out.error or '; '.join(out.problems))[:200]}")
+        return out
 
     def _client(self, name: str, rng: random.Random) -> None:
         weights = [k.weight for k in self.kinds]
         while self._wait_go():
             kind = rng.choices(self.kinds, weights)[0]
             model = rng.choice(kind.models)
-            self._run(name, kind.run, rng, model)
-            self._stop.wait(rng.uniform(0.0, 0.2))
+            out = self._run(name, kind.run, rng, model)
+            # an unreachable server fails every request at once: do not spin on it
+            pause = 1.0 if out.status == "error" and _UNREACHABLE.search(out.error or "") else rng.uniform(0.0, 0.2)
+            self._stop.wait(pause)
 
     def _tp_client(self, model: str, rng: random.Random, period: float) -> None:
         while self._wait_go():

@@ -152,11 +152,14 @@ class Watcher:
             if key in procs:
                 continue
             if p.role in ("tritonserver", "launcher"):
-                model, what = "llm", f"{p.name} (pid {p.pid}) exited"
-                affected = list(self.models)
-            else:
-                inst = p.name.split(":")[1]
-                model, what, affected = instance_model(inst), f"{p.name} (pid {p.pid}) exited", None
+                # the whole server is gone: always its own incident, also during an injected fault
+                during = self.open_for("llm")
+                self.open_incident("crash", f"{p.name} (pid {p.pid}) exited"
+                                   + (f" during '{during.what}'" if during else " without an injected fault"),
+                                   "llm", injected=False, t=t).affected = list(self.models)
+                continue
+            inst = p.name.split(":")[1]
+            model, what, affected = instance_model(inst), f"{p.name} (pid {p.pid}) exited", None
             if self.open_for(model) is None:
                 inc = self.open_incident("crash", what + " without an injected fault", model, injected=False, t=t)
                 if affected:
