@@ -29,6 +29,7 @@ DRAIN_READY_FALSE_S = 1.0
 
 @dataclasses.dataclass
 class Check:
+    """One pass criterion: its name, whether it passed, a one-line detail and the failures (strings)."""
     name: str
     ok: bool
     detail: str = ""
@@ -47,6 +48,8 @@ class Window:
 
 
 def windows(incidents, restarts, t_last: float) -> list[Window]:
+    """The expected-error windows (seconds, monotonic clock) of the incidents and of the soak's
+    restarts; an incident still open ends at t_last."""
     out = []
     for inc in incidents:
         end = inc.closed_at if inc.closed_at is not None else t_last
@@ -168,7 +171,8 @@ def evaluate(run: dict) -> list[Check]:
         _flood_check(checks, f, run)
 
     for model, (met, secs, last) in run["idle_end"].items():
-        checks.append(Check(f"KV blocks of {model} back to the idle baseline within {KV_BACK_WITHIN_S:.0f} s after traffic stopped",
+        checks.append(Check(f"KV blocks of {model} back to the idle baseline within {KV_BACK_WITHIN_S:.0f} s "
+                            f"after traffic stopped",
                             met, f"{secs:.1f} s; last gauges {last}",
                             [] if met else [f"{model}: {last} after {secs:.1f} s (baseline {run['kv_baseline'].get(model)})"]))
     if run.get("drain") is not None:
@@ -260,4 +264,5 @@ def _drain_checks(checks, d) -> None:
     checks.append(Check("drain: the launcher exits 0", d.get("exit_code") == 0,
                         f"exit code {d.get('exit_code')} after {d.get('exit_after_s')} s",
                         [] if d.get("exit_code") == 0 else
-                        [f"exit code {d.get('exit_code')}" + (" (killed by the soak after its bound)" if d.get("killed_by_soak") else "")]))
+                        [f"exit code {d.get('exit_code')}"
+                         + (" (killed by the soak after its bound)" if d.get("killed_by_soak") else "")]))

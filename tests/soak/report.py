@@ -155,6 +155,7 @@ def write(run: dict, out_dir: Path) -> dict:
 
 
 def plot(rows: list[dict], events: list[dict], path: Path) -> None:
+    """soak.png: RSS growth per process, KV blocks, throughput and errors per interval, events marked."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -223,6 +224,7 @@ def plot(rows: list[dict], events: list[dict], path: Path) -> None:
 
 
 def print_summary(report: dict) -> None:
+    """Print the closing note and every check (PASS / FAIL with its failures)."""
     s = report["summary"]
     print("\n==== soak summary ====")
     print(f"minutes of traffic {s['soak_minutes']}, requests {s['requests']}: {s['requests_by_status']}")

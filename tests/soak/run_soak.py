@@ -8,9 +8,9 @@ fails (the reasons are listed at the end).
 `make soak` runs it with SOAK_MINUTES (default 30). Phases: the server (scripts/launch_triton.py as
 `make serve` runs it, on a copy of model_repository with a low waiting limit and an extra
 tensor-parallel model `llm_tp2`), warm-up traffic, traffic with one fault every --fault-every-s
-seconds in turn (300 s in a 30-minute soak) (SIGKILL of the llm stub, SIGKILL of a TP worker, a flood past the waiting limit),
-traffic stopped and KV checked back at the idle baseline, then the drain (SIGTERM with 4 streams in
-flight). When a part stays down longer than 30 s the server needed a person: that is a failure,
+seconds in turn (300 s in a 30-minute soak): SIGKILL of the llm stub, SIGKILL of a TP worker, a flood
+past the waiting limit; traffic stopped and KV checked back at the idle baseline, then the drain
+(SIGTERM with 4 streams in flight). When a part stays down longer than 30 s the server needed a person: that is a failure,
 and the soak restarts the server itself (unless --no-restart) so that the rest of the schedule
 still runs. Every wait is bounded; a watchdog ends the soak (and its server) if it overruns.
 Only processes the soak started are signalled.
@@ -48,6 +48,7 @@ FAULT_KINDS = {"stub": "kill_llm_stub", "tp": "kill_tp_worker", "flood": "flood"
 
 
 def parse_args(argv=None):
+    """The command line (see the module doc); exits with a usage error on bad values."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=float(os.environ.get("SOAK_MINUTES", 30)),
                     help="minutes of traffic (warm-up included; start-up and drain come on top)")
@@ -328,6 +329,7 @@ def log_errors(out: Path, limit: int = 60) -> list[str]:
 
 
 def main(argv=None) -> int:
+    """Run one soak; returns the exit code (0 when every check passed)."""
     args = parse_args(argv)
     soak = Soak(args)
 

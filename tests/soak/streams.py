@@ -83,4 +83,5 @@ class Stream:
 
 
 def final(result) -> bool:
+    """True when result is flagged triton_final_response."""
     return result is not None and is_final(result)

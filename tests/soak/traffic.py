@@ -21,6 +21,7 @@ from records import Outcome, Recorder
 
 @dataclasses.dataclass
 class Kind:
+    """A request kind of the mix: its weight and the models it is sent to (None: the kind picks)."""
     name: str
     weight: float
     run: object  # (ctx, client, rng, model) -> Outcome
@@ -70,16 +71,20 @@ class Context:
         self._lock = threading.Lock()
 
     def set_endpoints(self, grpc_url: str, http_base: str) -> None:
+        """Point every later request at a (new) server."""
         with self._lock:
             self._urls = (grpc_url, http_base)
 
     def grpc_url(self) -> str:
+        """host:port of the current server's gRPC endpoint."""
         return self._urls[0]
 
     def http_base(self) -> str:
+        """http://host:port of the current server's HTTP endpoint."""
         return self._urls[1]
 
     def new_id(self) -> str:
+        """A request id unique within the soak (soak-N)."""
         return f"soak-{next(self._ids)}"
 
 
@@ -103,6 +108,7 @@ class Traffic:
                                                  name="soak-client-tp", daemon=True))
 
     def start(self) -> None:
+        """Start the client threads."""
         for t in self.threads:
             t.start()
 
@@ -151,6 +157,7 @@ class Traffic:
             self._stop.wait(rng.uniform(0.5, 1.5) * period)
 
     def in_flight(self) -> int:
+        """How many clients are inside a request now."""
         with self._lock:
             return sum(self._busy.values())
 
@@ -167,6 +174,7 @@ class Traffic:
         self._go.clear()
 
     def resume(self) -> None:
+        """Let the clients send again after pause() / hold()."""
         self._go.set()
 
     def stop(self, timeout: float) -> bool:
