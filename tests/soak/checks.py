@@ -168,7 +168,8 @@ def evaluate(run: dict) -> list[Check]:
                         [f"{k} not injected: {[f.get('error') for f in ran.get(k, [])] or 'never scheduled'}"
                          for k in not_run]))
     for f in ran.get("flood", []):
-        _flood_check(checks, f, run)
+        if f.get("ok"):
+            _flood_check(checks, f, run)
 
     for model, (met, secs, last) in run["idle_end"].items():
         checks.append(Check(f"KV blocks of {model} back to the idle baseline within {KV_BACK_WITHIN_S:.0f} s "

@@ -223,9 +223,11 @@ class Soak:
                 kind = schedule[i % len(schedule)]
                 # a kill must leave time to judge its recovery, a flood time to see KV come back
                 if left > (C.RECOVER_WITHIN_S + 15 if kind in ("stub", "tp") else 30):
-                    i += 1
-                    self._inject(kind)
-                    next_fault = time.monotonic() + a.fault_every_s
+                    if self._inject(kind):
+                        i += 1
+                        next_fault = time.monotonic() + a.fault_every_s
+                    else:  # not injected (e.g. the server was not serving): try again a little later
+                        next_fault = time.monotonic() + 15
             self.stop_asked.wait(0.5)
         self.traffic_s = time.monotonic() - self.t_traffic0
 
@@ -236,13 +238,16 @@ class Soak:
             f = F.kill_tp_worker(self.ctx, self.server, self.watcher, self.rec, self.repo.tp_model)
         else:
             f = F.flood(self.ctx, self.server, self.traffic, self.rec, self.repo.max_num_seqs, self.repo.max_waiting,
-                        kv_baseline=self.kv_baseline.get("llm", 0.0))
-            self.rec.event("note", f"flood: {f['completed']} completed, {f['refused']} refused "
-                                   f"(>= {f['must_refuse_at_least']} needed), slowest refusal "
-                                   f"{f['refusal_latency_max_s']} s, KV back {f['kv_back']}")
+                        kv_baseline=self.kv_baseline.get("llm", 0.0),
+                        serving=lambda: not any(x.open for x in self.watcher.incidents))
+            if f.get("ok"):
+                self.rec.event("note", f"flood: {f['completed']} completed, {f['refused']} refused "
+                                       f"(>= {f['must_refuse_at_least']} needed), slowest refusal "
+                                       f"{f['refusal_latency_max_s']} s, KV back {f['kv_back']}")
         if not f.get("ok"):
             self.rec.event("note", f"fault {kind} not injected: {f.get('error')}")
         self.faults.append(f)
+        return bool(f.get("ok"))
 
     def _after_traffic(self, engines: list[str]) -> None:
         a = self.args
