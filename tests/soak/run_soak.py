@@ -197,10 +197,19 @@ class Soak:
         t_end = self.t_traffic0 + a.minutes * 60
         schedule = [k for k in a.fault_kinds if k in ("stub", "tp", "flood")]
         next_fault = self.t_traffic0 + min(a.warmup_s, a.minutes * 60 / 4)
+        # a fault kind that has not run yet may stretch the traffic by up to half its length (restarts
+        # of a server that needed a person take their time), bounded
+        t_stretch = t_end + min(a.minutes * 30, 300)
+        injected: set = set()
         i = 0
-        # past t_end the traffic goes on while a part is down (each incident is bounded: recovered,
-        # or restarted 30 s after it opened), so that the final checks see a serving server
-        while not self.stop_asked.is_set() and (time.monotonic() < t_end or any(x.open for x in self.watcher.incidents)):
+
+        def deadline() -> float:
+            return t_end if set(schedule) <= injected else t_stretch
+
+        # past the deadline the traffic goes on while a part is down (each incident is bounded:
+        # recovered, or restarted 30 s after it opened), so that the final checks see a serving server
+        while not self.stop_asked.is_set() and (time.monotonic() < deadline()
+                                                or any(x.open for x in self.watcher.incidents)):
             for inc in self.watcher.overdue(C.RECOVER_WITHIN_S):
                 if not inc.person_needed:
                     inc.person_needed = True
@@ -218,12 +227,13 @@ class Soak:
                 self.stop_asked.set()
                 break
             busy = any(x.open for x in self.watcher.incidents)
-            left = t_end - time.monotonic()
+            left = deadline() - time.monotonic()
             if schedule and not busy and time.monotonic() >= next_fault:
                 kind = schedule[i % len(schedule)]
                 # a kill must leave time to judge its recovery, a flood time to see KV come back
                 if left > (C.RECOVER_WITHIN_S + 15 if kind in ("stub", "tp") else 30):
                     if self._inject(kind):
+                        injected.add(kind)
                         i += 1
                         next_fault = time.monotonic() + a.fault_every_s
                     else:  # not injected (e.g. the server was not serving): try again a little later
