@@ -158,11 +158,16 @@ class Watcher:
             if key in procs:
                 continue
             if p.role in ("tritonserver", "launcher"):
-                # the whole server is gone: always its own incident, also during an injected fault
-                during = self.open_for("llm")
-                self.open_incident("crash", f"{p.name} (pid {p.pid}) exited"
-                                   + (f" during '{during.what}'" if during else " without an injected fault"),
-                                   "llm", injected=False, t=t).affected = list(self.models)
+                # the whole server went down: during an injected fault that fault's incident now needs
+                # every model back (a supervisor may restart tritonserver); otherwise it is a crash
+                during = next((i for i in self.incidents if i.open and i.injected), None)
+                if during is not None:
+                    during.affected = list(self.models)
+                    during.what += f" (then {p.name} pid {p.pid} exited)"
+                    self.recorder.event("note", f"{p.name} (pid {p.pid}) exited during '{during.what}'", t=t)
+                else:
+                    self.open_incident("crash", f"{p.name} (pid {p.pid}) exited without an injected fault",
+                                       "llm", injected=False, t=t).affected = list(self.models)
                 continue
             inst = p.name.split(":")[1]
             model, what, affected = instance_model(inst), f"{p.name} (pid {p.pid}) exited", None
