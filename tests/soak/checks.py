@@ -16,6 +16,8 @@ import rss as rss_fit
 FAULT_WORDS = re.compile(
     r"not healthy|stub|killed|sigkill|engine fail|not serving|worker|unavailable|not ready|unknown model|"
     r"not found|unload|reload|restart|shutting down|draining|exited|died|crash", re.I)
+UNREACHABLE = re.compile(r"Connection refused|failed to connect|RemoteDisconnected|Response ended prematurely|"
+                         r"Connection reset|Socket closed|GOAWAY|Connection aborted", re.I)
 LIMIT_WORDS = ("max_num_waiting", "max_waiting_requests")
 RECOVER_WITHIN_S = 30.0
 READY_LAG_S = 5.0       # a dead part must show in readiness within this
@@ -27,6 +29,7 @@ DRAIN_READY_FALSE_S = 1.0
 
 @dataclasses.dataclass
 class Check:
+    """One pass criterion: its name, whether it passed, a one-line detail and the failures (strings)."""
     name: str
     ok: bool
     detail: str = ""
@@ -45,6 +48,8 @@ class Window:
 
 
 def windows(incidents, restarts, t_last: float) -> list[Window]:
+    """The expected-error windows (seconds, monotonic clock) of the incidents and of the soak's
+    restarts; an incident still open ends at t_last."""
     out = []
     for inc in incidents:
         end = inc.closed_at if inc.closed_at is not None else t_last
@@ -84,12 +89,16 @@ def classify(o, wins: list[Window]) -> tuple[str, bool]:
         return "cancelled", True
     if overlapping:
         return _fault_kind(o, overlapping)
+    if UNREACHABLE.search(o.error or ""):
+        return "server_unreachable", False
     return "unexpected_error", False
 
 
 def _fault_kind(o, wins) -> tuple[str, bool]:
     if any(w.anything for w in wins):
         return "restart", True
+    if UNREACHABLE.search(o.error or ""):
+        return "server_unreachable", False  # the server process is gone: a crash, not a named fault
     if FAULT_WORDS.search(o.error or ""):
         return "fault", True
     return "fault_unnamed", False
@@ -159,10 +168,12 @@ def evaluate(run: dict) -> list[Check]:
                         [f"{k} not injected: {[f.get('error') for f in ran.get(k, [])] or 'never scheduled'}"
                          for k in not_run]))
     for f in ran.get("flood", []):
-        _flood_check(checks, f, run)
+        if f.get("ok"):
+            _flood_check(checks, f, run)
 
     for model, (met, secs, last) in run["idle_end"].items():
-        checks.append(Check(f"KV blocks of {model} back to the idle baseline within {KV_BACK_WITHIN_S:.0f} s after traffic stopped",
+        checks.append(Check(f"KV blocks of {model} back to the idle baseline within {KV_BACK_WITHIN_S:.0f} s "
+                            f"after traffic stopped",
                             met, f"{secs:.1f} s; last gauges {last}",
                             [] if met else [f"{model}: {last} after {secs:.1f} s (baseline {run['kv_baseline'].get(model)})"]))
     if run.get("drain") is not None:
@@ -254,4 +265,5 @@ def _drain_checks(checks, d) -> None:
     checks.append(Check("drain: the launcher exits 0", d.get("exit_code") == 0,
                         f"exit code {d.get('exit_code')} after {d.get('exit_after_s')} s",
                         [] if d.get("exit_code") == 0 else
-                        [f"exit code {d.get('exit_code')}" + (" (killed by the soak after its bound)" if d.get("killed_by_soak") else "")]))
+                        [f"exit code {d.get('exit_code')}"
+                         + (" (killed by the soak after its bound)" if d.get("killed_by_soak") else "")]))

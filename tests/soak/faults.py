@@ -154,6 +154,8 @@ def _flood_one(ctx, i: int, use_http: bool, barrier: threading.Barrier, out: Out
     try:
         out.t_send = s.send("llm", payload.grpc_inputs(), out.request_id)
         ok = _read(ctx, s, out, payload, resps, problems)
+    except Exception as e:  # noqa: BLE001 - the stream broke before the send
+        out.status, out.error = "error", f"send: {e}"
     finally:
         (s.close if ok else s.cancel)()
     out.problems += problems
@@ -161,12 +163,20 @@ def _flood_one(ctx, i: int, use_http: bool, barrier: threading.Barrier, out: Out
 
 
 def flood(ctx, server, traffic, recorder, max_num_seqs: int, max_waiting: int, extra: int = 12,
-          max_tokens: int = 32, kv_baseline: float = 0.0) -> dict:
-    """The flood past the waiting limit (see module doc). Traffic is paused meanwhile (bounded)."""
+          max_tokens: int = 32, kv_baseline: float = 0.0, serving=lambda: True) -> dict:
+    """The flood past the waiting limit (see module doc). Traffic is paused meanwhile (bounded).
+    Not injected (ok False, traffic resumed) unless the engine is idle and `serving()` after the
+    pause: a flood into a dead or wedged server would measure nothing."""
     rec: dict = {"kind": "flood", "t": time.monotonic(), "ok": True}
-    paused = traffic.pause(timeout=ctx.timeout_s + 5)
-    idle, _, _ = wait_kv(server.metrics_url, "llm", kv_baseline, timeout=30)
+    # requests still in flight after the stall bound are stalled: the watcher deals with those
+    paused = traffic.pause(timeout=ctx.stall_s + 5)
+    idle, _, gauges = wait_kv(server.metrics_url, "llm", kv_baseline, timeout=20)
     rec.update(paused=paused, idle_before=idle)
+    if not (paused and idle and serving()):
+        traffic.resume()
+        rec.update(ok=False, error=f"server not idle and serving before the flood (clients paused {paused}, "
+                                   f"llm gauges {gauges}, serving {serving()})")
+        return rec
     n = max_num_seqs + max_waiting + extra
     outs = [Outcome("flood", "llm", "http" if i % 3 == 2 else "grpc", "flood", ctx.new_id(), expect="unavailable")
             for i in range(n)]

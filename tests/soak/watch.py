@@ -43,6 +43,7 @@ class Incident:
 
     @property
     def open(self) -> bool:
+        """True until the incident is closed (recovered, or ended by a restart or the end of the soak)."""
         return self.closed_at is None
 
 
@@ -63,6 +64,7 @@ class Watcher:
         self._thread = threading.Thread(target=self._loop, name="soak-watch", daemon=True)
 
     def start(self) -> None:
+        """Start watching on the watcher's thread."""
         self._thread.start()
 
     def hold(self, held: bool) -> None:
@@ -77,12 +79,14 @@ class Watcher:
                 self._held.clear()
 
     def stop(self) -> None:
+        """End the watching thread (joined for at most 10 s)."""
         self._stop.set()
         self._thread.join(10)
 
     # ---- incidents
 
     def open_incident(self, kind: str, what: str, model: str, injected: bool, t: float | None = None) -> Incident:
+        """Record that `model` (and what depends on it) is down from t (monotonic seconds, default now)."""
         inc = Incident(kind, what, model, DEPENDANTS.get(model, [model]), time.monotonic() if t is None else t, injected)
         inc.affected = [m for m in inc.affected if m in self.models] or [model]
         with self._lock:
@@ -92,6 +96,7 @@ class Watcher:
         return inc
 
     def open_for(self, model: str) -> Incident | None:
+        """The open incident that affects model, None when it serves."""
         with self._lock:
             for inc in self.incidents:
                 if inc.open and model in inc.affected:
@@ -99,6 +104,7 @@ class Watcher:
         return None
 
     def close(self, inc: Incident, how: str, t: float | None = None) -> None:
+        """Close an incident (how: recovered / restarted by the soak / ...) at t (default now)."""
         with self._lock:
             if inc.open:
                 inc.closed_at = time.monotonic() if t is None else t
@@ -152,11 +158,19 @@ class Watcher:
             if key in procs:
                 continue
             if p.role in ("tritonserver", "launcher"):
-                model, what = "llm", f"{p.name} (pid {p.pid}) exited"
-                affected = list(self.models)
-            else:
-                inst = p.name.split(":")[1]
-                model, what, affected = instance_model(inst), f"{p.name} (pid {p.pid}) exited", None
+                # the whole server went down: during an injected fault that fault's incident now needs
+                # every model back (a supervisor may restart tritonserver); otherwise it is a crash
+                during = next((i for i in self.incidents if i.open and i.injected), None)
+                if during is not None:
+                    during.affected = list(self.models)
+                    during.what += f" (then {p.name} pid {p.pid} exited)"
+                    self.recorder.event("note", f"{p.name} (pid {p.pid}) exited during '{during.what}'", t=t)
+                else:
+                    self.open_incident("crash", f"{p.name} (pid {p.pid}) exited without an injected fault",
+                                       "llm", injected=False, t=t).affected = list(self.models)
+                continue
+            inst = p.name.split(":")[1]
+            model, what, affected = instance_model(inst), f"{p.name} (pid {p.pid}) exited", None
             if self.open_for(model) is None:
                 inc = self.open_incident("crash", what + " without an injected fault", model, injected=False, t=t)
                 if affected:
