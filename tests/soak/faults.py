@@ -7,7 +7,7 @@
   (two thirds gRPC streams, one third HTTP generate); past the limit each must be refused with
   UNAVAILABLE naming the limit within 1 s, the others must complete; KV back to baseline after;
 - drain: 4 streams in flight (2 llm, 2 ensemble), SIGTERM to the launcher, readiness must go false
-  at once, a request sent during the drain must get UNAVAILABLE (HTTP 503), the 4 streams must
+  at once, a request sent during the drain must get the drain's UNAVAILABLE refusal, the 4 streams must
   complete normally and the launcher must exit 0.
 Only processes of the soak's own server tree are signalled, by pid and start time."""
 
@@ -266,7 +266,7 @@ def drain(ctx, server, recorder, max_tokens: int = 48, grace_s: float = 30.0, ex
             break
         time.sleep(0.1)
     rec["ready_false_after_s"] = None if ready_false is None else round(ready_false, 3)
-    # a request during the drain: HTTP generate must be 503 (UNAVAILABLE), fast
+    # a request during the drain: HTTP generate must be refused (UNAVAILABLE: 400 on Triton 2.51), fast
     t_req = time.monotonic()
     try:
         r = requests.post(f"{ctx.http_base()}/v2/models/llm/generate",
