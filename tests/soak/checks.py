@@ -50,6 +50,7 @@ class Window:
     models: list
     why: str
     anything: bool = False  # a restart by the soak: every error is a consequence
+    server_restart: bool = False  # tritonserver exited in it: a closed connection is a consequence
 
 
 def windows(incidents, restarts, t_last: float) -> list[Window]:
@@ -58,7 +59,8 @@ def windows(incidents, restarts, t_last: float) -> list[Window]:
     out = []
     for inc in incidents:
         end = inc.closed_at if inc.closed_at is not None else t_last
-        out.append(Window(inc.t_open - 1.0, end + 5.0, list(inc.affected), inc.what))
+        out.append(Window(inc.t_open - 1.0, end + 5.0, list(inc.affected), inc.what,
+                          server_restart=inc.server_exited_at is not None))
     for r in restarts:
         out.append(Window(r["t"] - 1.0, r["t_ready"] + 5.0, ["*"], "restart by the soak", anything=True))
     return out
@@ -103,7 +105,9 @@ def _fault_kind(o, wins) -> tuple[str, bool]:
     if any(w.anything for w in wins):
         return "restart", True
     if UNREACHABLE.search(o.error or ""):
-        return "server_unreachable", False  # the server process is gone: a crash, not a named fault
+        # the server process is gone: a consequence when it went during the incident (a supervisor
+        # restarting tritonserver after a stub died closes every connection), else a crash
+        return ("server_restart", True) if any(w.server_restart for w in wins) else ("server_unreachable", False)
     if FAULT_WORDS.search(o.error or ""):
         return "fault", True
     return "fault_unnamed", False
@@ -222,9 +226,15 @@ def _incident_checks(checks, inc, run, outs) -> None:
     checks.append(Check(f"not ready while down: {label}", not fails, "", fails))
     if inc.injected:
         flight = _in_flight_at(outs, inc.t_open, inc.affected)
-        unclear = [o for o in flight if o.status == "stall" or (o.status == "error" and not FAULT_WORDS.search(o.error or ""))]
+        # a request on the dead stub itself has nothing left to answer it in the server: when tritonserver
+        # is restarted its connection closes (gRPC UNAVAILABLE, HTTP stream cut before its end)
+        restarted = inc.server_exited_at is not None
+        closed = [o for o in flight if restarted and o.status == "error" and UNREACHABLE.search(o.error or "")]
+        unclear = [o for o in flight if o not in closed and (o.status == "stall" or (
+            o.status == "error" and not FAULT_WORDS.search(o.error or "")))]
         checks.append(Check(f"requests in flight end with a clear error: {label}", not unclear,
-                            f"{len(flight)} in flight: " + ", ".join(sorted({o.status for o in flight})),
+                            f"{len(flight)} in flight: " + ", ".join(sorted({o.status for o in flight}))
+                            + (f"; {len(closed)} closed by the server's restart" if closed else ""),
                             _examples(unclear)))
 
 
