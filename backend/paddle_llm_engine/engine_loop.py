@@ -138,13 +138,7 @@ class EngineLoop:
         self._thread.join(timeout)
         with self._lock:
             callbacks, self._callbacks = self._callbacks, {}
-        self._fail_queued(message, "unavailable")
-        for rid, cb in callbacks.items():
-            try:
-                cb(RequestOutput(request_id=rid, finished=True, finish_reason="error", error=message,
-                                 error_code="unavailable"))
-            except Exception:
-                log.exception("output callback of request %s failed", rid)
+        self._fail_callbacks(callbacks, message, "unavailable", failure=False)
 
     # -- engine thread ---------------------------------------------------------------------------
     def _apply(self, cmd) -> None:
@@ -270,15 +264,18 @@ class EngineLoop:
             except Exception:
                 log.exception("output callback of request %s failed", rid)
 
-    def _fail_callbacks(self, callbacks: dict, message: str) -> None:
-        self._fail_queued(message)
+    def _fail_callbacks(self, callbacks: dict, message: str, error_code: str = "internal",
+                        failure: bool = True) -> None:
+        """End the queued requests and those of `callbacks` with an error output; then, for a
+        failure (not a shutdown), call on_failure."""
+        self._fail_queued(message, error_code)
         for rid, cb in callbacks.items():
             try:
                 cb(RequestOutput(request_id=rid, finished=True, finish_reason="error", error=message,
-                                 error_code="internal"))
+                                 error_code=error_code))
             except Exception:
                 log.exception("output callback of request %s failed", rid)
-        if self.on_failure is not None:
+        if failure and self.on_failure is not None:
             try:
                 self.on_failure(self.error)
             except Exception:
