@@ -17,7 +17,7 @@ FAULT_WORDS = re.compile(
     r"not healthy|stub|killed|sigkill|engine fail|not serving|worker|unavailable|not ready|unknown model|"
     r"not found|unload|reload|restart|shutting down|draining|exited|died|crash", re.I)
 UNREACHABLE = re.compile(r"Connection refused|failed to connect|RemoteDisconnected|Response ended prematurely|"
-                         r"Connection reset|Socket closed|GOAWAY|Connection aborted", re.I)
+                         r"Connection reset|Socket closed|GOAWAY|Connection aborted|connection closed by the server", re.I)
 LIMIT_WORDS = ("max_num_waiting", "max_waiting_requests")
 # Triton 2.51's generate endpoints answer every error of a decoupled model with 400 (README "Limits and
 # deadlines"): an UNAVAILABLE refusal is 400 there with the refusal's own message, 503 on a Triton

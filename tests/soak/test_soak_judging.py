@@ -58,6 +58,8 @@ def test_a_closed_connection_is_expected_only_when_tritonserver_exited_in_the_wi
     restarted = checks.Window(11.0, 20.0, ["llm", "ensemble"], "SIGKILL of stub llm_0_0", server_restart=True)
     assert checks.classify(cut, [restarted]) == ("server_restart", True)
     assert checks.classify(cut, []) == ("server_unreachable", False)
+    raw = _o(error="connection closed by the server: b''", protocol="http")  # a raw-socket client's words
+    assert checks.classify(raw, [restarted]) == ("server_restart", True)
 
 
 class _Rec:
