@@ -136,8 +136,6 @@ class GuideState:
         # the blocked ids (dense); applying it then costs one [V] copy plus min(allowed, blocked)
         self._sparse = True
         self._ids: np.ndarray | None = None
-        self.mask_seconds = 0.0  # worker time spent on masks (for measurements)
-        self.num_masks = 0
         self.prefetch()
 
     def prefetch(self) -> None:
@@ -146,7 +144,6 @@ class GuideState:
         self._future = self._owner.submit(self._compute)
 
     def _compute(self) -> None:
-        t0 = time.perf_counter()
         m = self.matcher
         m.unsafe_compute_mask_ptr(self._bitmask.ctypes.data, self._bitmask.nbytes)
         allowed = np.unpackbits(self._bitmask.view(np.uint8), bitorder="little",
@@ -165,8 +162,6 @@ class GuideState:
             ids = ending
         self._sparse = 2 * ids.size <= allowed.size
         self._ids = ids if self._sparse else np.flatnonzero(~allowed)
-        self.mask_seconds += time.perf_counter() - t0
-        self.num_masks += 1
 
     def _wait(self) -> None:
         if self._future is not None:
@@ -270,7 +265,3 @@ class GuidedDecoding:
             raise InvalidRequestError(spec.field, f"invalid {spec.kind.replace('_', ' ')}: "
                                                   f"{_first_lines(matcher.get_error())}")
         return GuideState(self, matcher, stop_ids)
-
-    def shutdown(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=False)
