@@ -4,12 +4,13 @@ a regular expression, a list of choices or a grammar.
 - GuideSpec: what a request asks for (set on SamplingParams.guide by the client contracts).
 - GuidedDecoding: one per engine. Builds the llguidance tokenizer from the model folder's
   tokenizer.json once, lazily, on the first guided request, and a GuideState (an LLMatcher) per
-  sequence when its request is added; a guide that does not compile is an InvalidRequestError
-  naming the request field the guide came from.
+  sequence when its request is checked (LLMEngine.check_request, on the caller's thread: this
+  class is thread-safe); a guide that does not compile is an InvalidRequestError naming the
+  request field the guide came from.
 - GuideState: the sequence's matcher and its next allowed-token mask. The mask is computed on a
   worker thread (llguidance releases the GIL) right after the previous token was consumed, so it
   is built while the engine runs the next model step; the sampler only waits for it and applies
-  it to its row. The engine (LLMEngine._update_from_output) feeds each chosen token back.
+  it to its row. The engine feeds each chosen token back (sampler.SamplingState.guide_finished).
 
 EOS: the sequence's stop ids (EOS unless ignore_eos, and stop_token_ids) are allowed exactly when
 the guide is in an accepting state; the guide's own idea of EOS is replaced by them. When the guide
@@ -250,8 +251,10 @@ class GuidedDecoding:
             return self._tokenizer
 
     def submit(self, fn) -> Future:
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llm-guided-mask")
+        """Run fn on the mask worker thread (started on first use)."""
+        with self._lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llm-guided-mask")
         return self._executor.submit(fn)
 
     def new_state(self, spec: GuideSpec, stop_ids: list[int]) -> GuideState:

@@ -60,7 +60,7 @@ def _workers(server) -> list[int]:
                 ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
             except (OSError, ValueError, IndexError):
                 continue
-            if ppid in stubs and b"paddle_llm_engine.tp.worker" in cmd:
+            if ppid in stubs and b"paddle_llm_engine.executor.tp_worker" in cmd:
                 found.append(int(entry))
     return sorted(found)
 
@@ -106,11 +106,29 @@ def _in_flight(server, n: int = 2) -> list[GrpcStream]:
     return streams
 
 
+def _check_engine_info(server) -> None:
+    """llm_engine_info of the TP=2 instance names what its ranks run (their platform plan), as an
+    engine built here decides it, not the "auto" settings."""
+    from paddle_llm_engine.platforms import plan_for_device
+
+    from clients import scrape_metrics
+
+    info = scrape_metrics(server.metrics_url).find("llm_engine_info", model="llm", instance="llm_0_0")
+    assert len(info) == 1 and info[0][1] == 1, info
+    labels, plan = info[0][0], plan_for_device("cpu")
+    kernels = ";".join(k for k, on in plan.kernels.items() if on).replace(
+        "cpu_kernels", f"cpu_kernels_{plan.cpu_isa}") or "composed"
+    assert labels["tensor_parallel_size"] == "2"
+    assert (labels["dtype"], labels["kv_cache_dtype"]) == (plan.dtype, plan.kv_cache_dtype) == ("float32", "float32")
+    assert labels["kernels"] == kernels and labels["quantization"] == "none"
+
+
 def test_tp2_instance_serves_concurrent_streams_as_tp1(triton_server_factory, tiny_dir):
     expected = _expected_texts(tiny_dir)
     server = _start(triton_server_factory, tiny_dir)
     workers = _workers(server)
     assert len(workers) == 2, f"expected 2 tensor-parallel workers, found {workers}"
+    _check_engine_info(server)
     for _ in range(2):  # twice: the second round runs on warm caches, prefix-cache hits included
         results = run_concurrently([lambda p=p: llm_stream(server.grpc_url, p, True, GREEDY, timeout=120)
                                     .raise_for_error() for p in PROMPTS], timeout=300)
