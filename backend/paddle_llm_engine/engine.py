@@ -190,6 +190,7 @@ class LLMEngine:
         self.executor.close()
 
     def has_unfinished_requests(self) -> bool:
+        """True while any request added is not finished."""
         return bool(self.requests)
 
     # -- one step ------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ class SeqStep:
 
     @property
     def num_tokens(self) -> int:
+        """Tokens this step computes for the sequence."""
         return len(self.token_ids)
 
 
@@ -56,6 +57,7 @@ class Step:
 
     @property
     def num_sampled(self) -> int:
+        """Logits rows the step produces."""
         return sum(1 for s in self.seqs if s.samples)
 
 

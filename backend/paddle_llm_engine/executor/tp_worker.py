@@ -70,6 +70,7 @@ def serve(worker, shard, spec: WorkerSpec, conn: Connection) -> None:
 
 
 def main(argv: list[str]) -> int:
+    """argv: [socket fd, engine pid]. Returns the exit code (0 after "stop", 1 on any failure)."""
     fd, parent = int(argv[0]), int(argv[1])
     watch_parent(parent)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s tp-worker %(levelname)s %(name)s: %(message)s")
