@@ -246,8 +246,8 @@ class EngineConfig:
     max_waiting_requests: deprecated alias of max_num_waiting (logs a warning); setting both is a
         ValueError.
     max_request_seconds: server-side deadline of every request, in seconds from its arrival at the
-        engine; 0 = none. A request's own timeout (add_request timeout_s) can only shorten it. At the
-        deadline the engine aborts the request and frees its KV blocks (LLMEngine.add_request).
+        engine; 0 = none. A request's own timeout (EngineLoop.submit timeout_s) can only shorten it.
+        At the deadline the engine aborts the request and frees its KV blocks (LLMEngine.add_prepared).
     dtype: weights and activations: "auto" (the fastest dtype the place has kernels for: float32
         on CPU), "float32", "bfloat16", "float16"; a dtype the place lacks kernels for is refused.
     kv_cache_dtype: "auto" (= dtype) or a dtype; narrower than dtype is storage only (half the memory

@@ -228,8 +228,9 @@ class LLMEngine:
                 states.append(self.requests[s.request_id].states[i])
         if not states:
             return []
-        tokens, logprobs = sample(logits[rows], [st.seq for st in states], [st.sampling for st in states])
         k = step.num_sampled
+        rows_logits = logits if len(rows) == k else logits[rows]  # forks repeat their parent's row
+        tokens, logprobs = sample(rows_logits, [st.seq for st in states], [st.sampling for st in states])
         return [(row if j < k else None, st, int(tok), lp)
                 for j, (row, st, tok, lp) in enumerate(zip(rows, states, tokens.tolist(), logprobs))]
 

@@ -86,7 +86,7 @@ class SamplingParams:
     logit_bias: {token id: bias} added to the logits before any other processing (vLLM / OpenAI).
     allowed_token_ids: None, or the only token ids that may be generated (others are masked first).
     truncate_prompt_tokens: None, k >= 1 (keep the prompt's last k tokens) or -1 (keep the last
-        max_model_len - 1, so one token can still be generated); applied by add_request.
+        max_model_len - 1, so one token can still be generated); applied by LLMEngine.check_request.
     """
 
     temperature: float = 1.0

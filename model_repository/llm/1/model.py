@@ -119,7 +119,8 @@ class TritonPythonModel:
             log.exception("request rejected")
             reason, text, code = "internal", f"{type(e).__name__}: {e}", E.INTERNAL
         self.metrics.on_rejected(reason)
-        sender.send(pb_utils.InferenceResponse(error=E(text, code)), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        sender.send(pb_utils.InferenceResponse(error=E(text, code)),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def _stop(self, request, sender):
         """TensorRT-LLM `stop`: abort the requests in flight under this request's id; answer at once."""

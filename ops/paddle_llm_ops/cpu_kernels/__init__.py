@@ -136,7 +136,8 @@ def _resolve(isa: str) -> str:
 
 
 # ------------------------------------------------------------------------------------ GEMV
-def gemv(x: paddle.Tensor, w: paddle.Tensor, bias: paddle.Tensor | None = None, isa: str = "generic") -> paddle.Tensor:
+def gemv(x: paddle.Tensor, w: paddle.Tensor, bias: paddle.Tensor | None = None,
+         isa: str = "generic") -> paddle.Tensor:
     """y = x @ w^T (+ bias), streaming the weight once per call.
 
     x: [B, K] fp32 contiguous; w: [N, K] fp32 contiguous (the HF Linear layout "out, in", and the
@@ -147,7 +148,8 @@ def gemv(x: paddle.Tensor, w: paddle.Tensor, bias: paddle.Tensor | None = None, 
     return _run("plk_gemv", x, w, bias, _resolve(isa))[0]
 
 
-def linear(x: paddle.Tensor, w: paddle.Tensor, bias: paddle.Tensor | None = None, isa: str = "generic") -> paddle.Tensor:
+def linear(x: paddle.Tensor, w: paddle.Tensor, bias: paddle.Tensor | None = None,
+           isa: str = "generic") -> paddle.Tensor:
     """x [B, K] @ w [N, K]^T (+ bias [N]) -> [B, N]: `gemv` for B <= GEMV_MAX_BATCH, else
     paddle.matmul(x, w, transpose_y=True) on the same weight (no second copy)."""
     if x.shape[0] <= GEMV_MAX_BATCH:
