@@ -16,13 +16,15 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
 from paddle_llm_triton import launcher
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "e2e"))
+from repo_edit import copy_repository  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MODEL_REPO = REPO_ROOT / "model_repository"
@@ -102,14 +104,7 @@ def triton_server_factory(tmp_path_factory, smollm2_dir):
     tmp_path = tmp_path_factory.mktemp("triton")
 
     def start(edit=None, models=None, ready_timeout: float = READY_TIMEOUT_S) -> TritonEndpoints:
-        repo = tmp_path / f"model_repository_{len(handles)}"
-        shutil.copytree(MODEL_REPO, repo, ignore=shutil.ignore_patterns("__pycache__"))
-        if models is not None:
-            for d in repo.iterdir():
-                if d.is_dir() and d.name not in models:
-                    shutil.rmtree(d)
-        if edit is not None:
-            edit(repo)
+        repo = copy_repository(tmp_path / f"model_repository_{len(handles)}", models, edit)
         log_path = tmp_path / f"tritonserver_{len(handles)}.log"
         http_port, grpc_port, metrics_port = launcher.free_ports(3)
         handle = launcher.start_server(repo, http_port, grpc_port, metrics_port, model_dir=smollm2_dir,

@@ -4,7 +4,8 @@ The launcher sends {"type": "drain", "grace_s": N} to every stub's control socke
 when it is asked to stop. From then on `refuse_if_draining()` raises DrainingError (the models answer
 UNAVAILABLE, so clients retry elsewhere), requests already running go on, and when the grace period
 ends with requests still in flight `on_deadline(message)` ends them with an error. `status()` is the
-reply to the launcher's {"type": "status"} polls; it stops polling once every stub reports 0 in flight.
+reply to the launcher's {"type": "status"} polls; it stops polling once every stub reports 0 in flight
+(requests of the engine, and Triton response senders not yet FINAL: senders.py).
 """
 
 from __future__ import annotations
@@ -26,9 +27,11 @@ class Drain:
     that error (called once, on a timer thread, only if some are still in flight)."""
 
     def __init__(self, model: str, instance: str, in_flight: Callable[[], int],
-                 on_deadline: Callable[[str], None] | None = None):
+                 on_deadline: Callable[[str], None] | None = None,
+                 open_responses: Callable[[], dict] | None = None):
         self.model, self.instance = model, instance
         self._in_flight = in_flight
+        self._open_responses = open_responses or dict
         self._on_deadline = on_deadline
         self.draining = False
         self.deadline: float | None = None
@@ -68,4 +71,4 @@ class Drain:
 
     def status(self, _msg: dict | None = None) -> dict:
         return {"type": "status", "model": self.model, "instance": self.instance, "draining": self.draining,
-                "in_flight": self._in_flight()}
+                "in_flight": self._in_flight(), "open_responses": self._open_responses()}

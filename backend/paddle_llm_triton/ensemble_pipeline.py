@@ -51,6 +51,7 @@ from paddle_llm_triton.ensemble_requests import (ClientRequest, Flight, Row, Ste
                                                  bls_error_code, ensemble_response)
 from paddle_llm_triton.errors import triton_code
 from paddle_llm_triton.request_timeout import timeout_us
+from paddle_llm_triton.senders import SenderLedger
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,7 @@ class EnsemblePipeline:
         self.poll_s, self.give_up_s = poll_s, give_up_s
         self.channel = channel or ChannelClient(llm)
         self.drain = None  # a drain.Drain set by the model: refuses new requests while draining
+        self.senders = SenderLedger()  # every client's response sender until its FINAL
         self._in_flight = 0  # client requests handed to their thread and not answered to the end
         self._flights: dict[str, Flight] = {}
         self._lock = threading.Lock()
@@ -126,7 +128,7 @@ class EnsemblePipeline:
     def _run(self, request) -> None:
         pb = _pb()
         try:
-            sender = request.get_response_sender()
+            sender = self.senders.track(request.get_response_sender(), "ensemble")
             try:
                 stop = pb.get_input_tensor_by_name(request, "stop")
                 if stop is not None and bool(stop.as_numpy().reshape(-1).any()):

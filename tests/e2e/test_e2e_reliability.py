@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import sys
 import time
@@ -25,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from clients import GrpcStream, ensemble_inputs, llm_inputs, llm_stream, run_concurrently, scrape_metrics
-from repo_edit import set_config_parameter
+from repo_edit import copy_repository, set_config_parameter
 from supervised import SupervisedServer
 
 pytestmark = pytest.mark.e2e
@@ -33,23 +32,10 @@ pytestmark = pytest.mark.e2e
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from tiny_model import make_tiny_llama  # noqa: E402
 
-MODEL_REPO = Path(__file__).resolve().parents[2] / "model_repository"
 FAULT_AFTER_STEPS = 400
 LONG = {"temperature": "0", "max_tokens": "300", "ignore_eos": "true"}
 SHORT = {"temperature": "0", "max_tokens": "8"}
 RECOVER_S = 180  # generous: a restart loads every model again on a loaded 2-core machine
-
-
-def _copy_repo(tmp: Path, edit=None, models=None) -> Path:
-    repo = tmp / "model_repository"
-    shutil.copytree(MODEL_REPO, repo, ignore=shutil.ignore_patterns("__pycache__"))
-    if models is not None:
-        for d in repo.iterdir():
-            if d.is_dir() and d.name not in models:
-                shutil.rmtree(d)
-    if edit is not None:
-        edit(repo)
-    return repo
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +48,7 @@ def server(tmp_path_factory, smollm2_dir):
         set_config_parameter(cfg, "num_kv_blocks", "64")
         set_config_parameter(cfg, "max_model_len", "2048")
 
-    s = SupervisedServer(_copy_repo(tmp, edit), smollm2_dir, tmp / "launcher.log", drain_grace=60)
+    s = SupervisedServer(copy_repository(tmp / "model_repository", edit=edit), smollm2_dir, tmp / "launcher.log", drain_grace=60)
     s.wait(s.ready, 300, "ready")
     yield s
     s.stop()
@@ -171,7 +157,7 @@ def tp_server(tmp_path_factory, smollm2_dir):
                      ("block_size", "16"), ("max_model_len", "1024"), ("max_num_seqs", "8"), ("num_threads", "1")):
             set_config_parameter(cfg, k, v)
 
-    s = SupervisedServer(_copy_repo(tmp, edit, models=["llm"]), smollm2_dir, tmp / "launcher.log")
+    s = SupervisedServer(copy_repository(tmp / "model_repository", models=["llm"], edit=edit), smollm2_dir, tmp / "launcher.log")
     s.wait(s.ready, 300, "ready")
     yield s
     s.stop()

@@ -64,6 +64,8 @@ HTTP_CASES = [
 
 
 def grpc_bad(ctx, client: str, rng, model: str | None = None) -> Outcome:
+    """One malformed gRPC request drawn from GRPC_CASES (model and field from the case); the Outcome
+    expects invalid_arg:<field>."""
     model, field, build = rng.choice(GRPC_CASES)
     out = Outcome("grpc_bad_input", model, "grpc", client, ctx.new_id(), expect=f"invalid_arg:{field}")
     try:
@@ -97,6 +99,7 @@ def grpc_bad(ctx, client: str, rng, model: str | None = None) -> Outcome:
 
 
 def http_bad(ctx, client: str, rng, model: str | None = None) -> Outcome:
+    """One malformed HTTP generate request drawn from HTTP_CASES; the Outcome expects invalid_arg:<field> (HTTP 400)."""
     model, field, body = rng.choice(HTTP_CASES)
     out = Outcome("http_bad_input", model, "http", client, ctx.new_id(), expect=f"invalid_arg:{field}")
     out.t_send = time.monotonic()

@@ -16,7 +16,14 @@ import rss as rss_fit
 FAULT_WORDS = re.compile(
     r"not healthy|stub|killed|sigkill|engine fail|not serving|worker|unavailable|not ready|unknown model|"
     r"not found|unload|reload|restart|shutting down|draining|exited|died|crash", re.I)
+UNREACHABLE = re.compile(r"Connection refused|failed to connect|RemoteDisconnected|Response ended prematurely|"
+                         r"Connection reset|Socket closed|GOAWAY|Connection aborted", re.I)
 LIMIT_WORDS = ("max_num_waiting", "max_waiting_requests")
+# Triton 2.51's generate endpoints answer every error of a decoupled model with 400 (README "Limits and
+# deadlines"): an UNAVAILABLE refusal is 400 there with the refusal's own message, 503 on a Triton
+# whose endpoints pass the code on
+HTTP_UNAVAILABLE = (400, 503)
+DRAIN_WORDS = re.compile(r"shutting down and takes no new requests", re.I)
 RECOVER_WITHIN_S = 30.0
 READY_LAG_S = 5.0       # a dead part must show in readiness within this
 PROBE_SLACK_S = 3.0     # readiness back this long before a probe succeeds is not "ready while down"
@@ -27,6 +34,7 @@ DRAIN_READY_FALSE_S = 1.0
 
 @dataclasses.dataclass
 class Check:
+    """One pass criterion: its name, whether it passed, a one-line detail and the failures (strings)."""
     name: str
     ok: bool
     detail: str = ""
@@ -42,13 +50,17 @@ class Window:
     models: list
     why: str
     anything: bool = False  # a restart by the soak: every error is a consequence
+    server_restart: bool = False  # tritonserver exited in it: a closed connection is a consequence
 
 
 def windows(incidents, restarts, t_last: float) -> list[Window]:
+    """The expected-error windows (seconds, monotonic clock) of the incidents and of the soak's
+    restarts; an incident still open ends at t_last."""
     out = []
     for inc in incidents:
         end = inc.closed_at if inc.closed_at is not None else t_last
-        out.append(Window(inc.t_open - 1.0, end + 5.0, list(inc.affected), inc.what))
+        out.append(Window(inc.t_open - 1.0, end + 5.0, list(inc.affected), inc.what,
+                          server_restart=inc.server_exited_at is not None))
     for r in restarts:
         out.append(Window(r["t"] - 1.0, r["t_ready"] + 5.0, ["*"], "restart by the soak", anything=True))
     return out
@@ -84,12 +96,18 @@ def classify(o, wins: list[Window]) -> tuple[str, bool]:
         return "cancelled", True
     if overlapping:
         return _fault_kind(o, overlapping)
+    if UNREACHABLE.search(o.error or ""):
+        return "server_unreachable", False
     return "unexpected_error", False
 
 
 def _fault_kind(o, wins) -> tuple[str, bool]:
     if any(w.anything for w in wins):
         return "restart", True
+    if UNREACHABLE.search(o.error or ""):
+        # the server process is gone: a consequence when it went during the incident (a supervisor
+        # restarting tritonserver after a stub died closes every connection), else a crash
+        return ("server_restart", True) if any(w.server_restart for w in wins) else ("server_unreachable", False)
     if FAULT_WORDS.search(o.error or ""):
         return "fault", True
     return "fault_unnamed", False
@@ -159,10 +177,12 @@ def evaluate(run: dict) -> list[Check]:
                         [f"{k} not injected: {[f.get('error') for f in ran.get(k, [])] or 'never scheduled'}"
                          for k in not_run]))
     for f in ran.get("flood", []):
-        _flood_check(checks, f, run)
+        if f.get("ok"):
+            _flood_check(checks, f, run)
 
     for model, (met, secs, last) in run["idle_end"].items():
-        checks.append(Check(f"KV blocks of {model} back to the idle baseline within {KV_BACK_WITHIN_S:.0f} s after traffic stopped",
+        checks.append(Check(f"KV blocks of {model} back to the idle baseline within {KV_BACK_WITHIN_S:.0f} s "
+                            f"after traffic stopped",
                             met, f"{secs:.1f} s; last gauges {last}",
                             [] if met else [f"{model}: {last} after {secs:.1f} s (baseline {run['kv_baseline'].get(model)})"]))
     if run.get("drain") is not None:
@@ -206,9 +226,15 @@ def _incident_checks(checks, inc, run, outs) -> None:
     checks.append(Check(f"not ready while down: {label}", not fails, "", fails))
     if inc.injected:
         flight = _in_flight_at(outs, inc.t_open, inc.affected)
-        unclear = [o for o in flight if o.status == "stall" or (o.status == "error" and not FAULT_WORDS.search(o.error or ""))]
+        # a request on the dead stub itself has nothing left to answer it in the server: when tritonserver
+        # is restarted its connection closes (gRPC UNAVAILABLE, HTTP stream cut before its end)
+        restarted = inc.server_exited_at is not None
+        closed = [o for o in flight if restarted and o.status == "error" and UNREACHABLE.search(o.error or "")]
+        unclear = [o for o in flight if o not in closed and (o.status == "stall" or (
+            o.status == "error" and not FAULT_WORDS.search(o.error or "")))]
         checks.append(Check(f"requests in flight end with a clear error: {label}", not unclear,
-                            f"{len(flight)} in flight: " + ", ".join(sorted({o.status for o in flight})),
+                            f"{len(flight)} in flight: " + ", ".join(sorted({o.status for o in flight}))
+                            + (f"; {len(closed)} closed by the server's restart" if closed else ""),
                             _examples(unclear)))
 
 
@@ -221,8 +247,9 @@ def _flood_check(checks, f, run) -> None:
         fails.append(f"{f['refused'] - f['refusals_named']} refusals do not name the limit ({' / '.join(LIMIT_WORDS)})")
     if f["refused"] and f["refusal_latency_max_s"] > REFUSE_WITHIN_S:
         fails.append(f"a refusal took {f['refusal_latency_max_s']:.2f} s (bound {REFUSE_WITHIN_S:.0f} s)")
-    if f["http_refusal_statuses"] and f["http_refusal_statuses"] != [503]:
-        fails.append(f"HTTP refusals answered {f['http_refusal_statuses']}, not 503 (UNAVAILABLE)")
+    if f["http_refusal_statuses"] and not set(f["http_refusal_statuses"]) <= set(HTTP_UNAVAILABLE):
+        fails.append(f"HTTP refusals answered {f['http_refusal_statuses']}, not {' or '.join(map(str, HTTP_UNAVAILABLE))} "
+                     f"(UNAVAILABLE)")
     if f["other"]:
         fails.append(f"flood requests neither completed nor refused: {f['other'][:3]}")
     if not f["kv_back"]:
@@ -248,10 +275,12 @@ def _drain_checks(checks, d) -> None:
                         [f"/v2/health/ready still 200 {DRAIN_READY_FALSE_S:.0f} s after SIGTERM" if rf is None or rf > 5
                          else f"readiness false only after {rf:.2f} s"]))
     h = d.get("during_drain_http", {})
-    checks.append(Check("drain: a request sent during the drain gets UNAVAILABLE (HTTP 503)", h.get("status") == 503,
+    refused = h.get("status") in HTTP_UNAVAILABLE and bool(DRAIN_WORDS.search(h.get("body", "") or ""))
+    checks.append(Check("drain: a request sent during the drain gets UNAVAILABLE (the drain's refusal)", refused,
                         f"HTTP {h.get('status')} after {h.get('seconds')} s",
-                        [] if h.get("status") == 503 else [f"got {h.get('status')}: {h.get('body', '')[:200]}"]))
+                        [] if refused else [f"got {h.get('status')}: {h.get('body', '')[:200]}"]))
     checks.append(Check("drain: the launcher exits 0", d.get("exit_code") == 0,
                         f"exit code {d.get('exit_code')} after {d.get('exit_after_s')} s",
                         [] if d.get("exit_code") == 0 else
-                        [f"exit code {d.get('exit_code')}" + (" (killed by the soak after its bound)" if d.get("killed_by_soak") else "")]))
+                        [f"exit code {d.get('exit_code')}"
+                         + (" (killed by the soak after its bound)" if d.get("killed_by_soak") else "")]))

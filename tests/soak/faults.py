@@ -7,7 +7,7 @@
   (two thirds gRPC streams, one third HTTP generate); past the limit each must be refused with
   UNAVAILABLE naming the limit within 1 s, the others must complete; KV back to baseline after;
 - drain: 4 streams in flight (2 llm, 2 ensemble), SIGTERM to the launcher, readiness must go false
-  at once, a request sent during the drain must get UNAVAILABLE (HTTP 503), the 4 streams must
+  at once, a request sent during the drain must get the drain's UNAVAILABLE refusal, the 4 streams must
   complete normally and the launcher must exit 0.
 Only processes of the soak's own server tree are signalled, by pid and start time."""
 
@@ -154,6 +154,8 @@ def _flood_one(ctx, i: int, use_http: bool, barrier: threading.Barrier, out: Out
     try:
         out.t_send = s.send("llm", payload.grpc_inputs(), out.request_id)
         ok = _read(ctx, s, out, payload, resps, problems)
+    except Exception as e:  # noqa: BLE001 - the stream broke before the send
+        out.status, out.error = "error", f"send: {e}"
     finally:
         (s.close if ok else s.cancel)()
     out.problems += problems
@@ -161,12 +163,20 @@ def _flood_one(ctx, i: int, use_http: bool, barrier: threading.Barrier, out: Out
 
 
 def flood(ctx, server, traffic, recorder, max_num_seqs: int, max_waiting: int, extra: int = 12,
-          max_tokens: int = 32, kv_baseline: float = 0.0) -> dict:
-    """The flood past the waiting limit (see module doc). Traffic is paused meanwhile (bounded)."""
+          max_tokens: int = 32, kv_baseline: float = 0.0, serving=lambda: True) -> dict:
+    """The flood past the waiting limit (see module doc). Traffic is paused meanwhile (bounded).
+    Not injected (ok False, traffic resumed) unless the engine is idle and `serving()` after the
+    pause: a flood into a dead or wedged server would measure nothing."""
     rec: dict = {"kind": "flood", "t": time.monotonic(), "ok": True}
-    paused = traffic.pause(timeout=ctx.timeout_s + 5)
-    idle, _, _ = wait_kv(server.metrics_url, "llm", kv_baseline, timeout=30)
+    # requests still in flight after the stall bound are stalled: the watcher deals with those
+    paused = traffic.pause(timeout=ctx.stall_s + 5)
+    idle, _, gauges = wait_kv(server.metrics_url, "llm", kv_baseline, timeout=20)
     rec.update(paused=paused, idle_before=idle)
+    if not (paused and idle and serving()):
+        traffic.resume()
+        rec.update(ok=False, error=f"server not idle and serving before the flood (clients paused {paused}, "
+                                   f"llm gauges {gauges}, serving {serving()})")
+        return rec
     n = max_num_seqs + max_waiting + extra
     outs = [Outcome("flood", "llm", "http" if i % 3 == 2 else "grpc", "flood", ctx.new_id(), expect="unavailable")
             for i in range(n)]
@@ -256,7 +266,7 @@ def drain(ctx, server, recorder, max_tokens: int = 48, grace_s: float = 30.0, ex
             break
         time.sleep(0.1)
     rec["ready_false_after_s"] = None if ready_false is None else round(ready_false, 3)
-    # a request during the drain: HTTP generate must be 503 (UNAVAILABLE), fast
+    # a request during the drain: HTTP generate must be refused (UNAVAILABLE: 400 on Triton 2.51), fast
     t_req = time.monotonic()
     try:
         r = requests.post(f"{ctx.http_base()}/v2/models/llm/generate",

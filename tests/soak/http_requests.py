@@ -113,6 +113,7 @@ def stream(ctx, client: str, rng, model: str, close_after: int | None = None) ->
 
 
 def close_mid(ctx, client: str, rng, model: str) -> Outcome:
+    """generate_stream closed by the client after 1-4 events."""
     return stream(ctx, client, rng, model, close_after=rng.randint(1, 4))
 
 

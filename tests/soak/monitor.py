@@ -60,9 +60,11 @@ class Monitor:
         self._thread = threading.Thread(target=self._loop, name="soak-monitor", daemon=True)
 
     def start(self) -> None:
+        """Start sampling on the monitor's thread."""
         self._thread.start()
 
     def hold(self, held: bool) -> None:
+        """While held (server being restarted or drained) no sample is taken."""
         (self._held.set if held else self._held.clear)()
 
     def _loop(self) -> None:
@@ -74,6 +76,7 @@ class Monitor:
             self._stop.wait(max(next_t - time.monotonic(), 0.0))
 
     def sample_now(self) -> dict:
+        """Take one sample (gauges, RSS, readiness) now, store and return it."""
         srv = self.server_fn()
         t = time.monotonic()
         s = {"t": t, "server": getattr(srv, "generation", 0),
@@ -91,9 +94,11 @@ class Monitor:
         return s
 
     def stop(self) -> None:
+        """End the sampling thread (joined for at most 15 s)."""
         self._stop.set()
         self._thread.join(15)
 
     def snapshot(self) -> list[dict]:
+        """The samples so far (a copy)."""
         with self._lock:
             return list(self.samples)

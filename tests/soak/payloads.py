@@ -36,6 +36,7 @@ JSON_PROMPTS = ["Describe a cat as a JSON object.", "Give me a JSON object with 
 
 @dataclasses.dataclass
 class Payload:
+    """One request: prompt, the model's parameters and the Spec its responses are checked against."""
     model: str
     text: str
     params: dict      # ensemble: tensor name -> value; llm: the sampling_parameters dict
@@ -43,6 +44,7 @@ class Payload:
     spec: Spec
 
     def grpc_inputs(self) -> list:
+        """tritonclient InferInputs (ensemble [1, 1], llm [1])."""
         if self.model == "ensemble":
             return ensemble_inputs(self.text, **self.params)
         return llm_inputs(self.text, self.spec.stream, json.dumps(self.params), **self.flags)
@@ -56,6 +58,7 @@ class Payload:
         return json.dumps([self.model, self.text, params], sort_keys=True)
 
     def http_json(self) -> dict:
+        """The same request as a generate / generate_stream JSON body."""
         if self.model == "ensemble":
             return {"text_input": self.text, **self.params}
         return {"text_input": self.text, "stream": self.spec.stream,

@@ -16,6 +16,7 @@ BUSY_WORDS = ("max_num_waiting", "max_waiting_requests")  # a refusal at the wai
 
 @dataclasses.dataclass
 class Probe:
+    """One probe: when it was sent and answered (monotonic seconds), whether the model served, the error."""
     model: str
     t_sent: float
     t_done: float
@@ -24,6 +25,7 @@ class Probe:
 
 
 def probe_once(grpc_url: str, model: str, timeout: float) -> Probe:
+    """Send one max_tokens-1 request to model on a new gRPC stream; never raises, bounded by timeout seconds."""
     inputs = (ensemble_inputs("Hi", max_tokens=1, stream=True) if model == "ensemble"
               else llm_inputs("Hi", True, '{"max_tokens": 1}'))
     t0 = time.monotonic()
@@ -69,10 +71,12 @@ class Prober:
                          for m in models]
 
     def start(self) -> None:
+        """Start one probing thread per model."""
         for t in self._threads:
             t.start()
 
     def hold(self, held: bool) -> None:
+        """While held no probe is sent (and answers arriving meanwhile are dropped)."""
         (self._held.set if held else self._held.clear)()
 
     def _loop(self, model: str) -> None:
@@ -90,10 +94,12 @@ class Prober:
             return [p for p in self.results if p.model == model and p.t_sent >= t]
 
     def last(self, model: str, n: int) -> list[Probe]:
+        """The last n probes of model."""
         with self._lock:
             return [p for p in self.results if p.model == model][-n:]
 
     def stop(self, timeout: float = 5.0) -> None:
+        """End the probing threads (each joined for at most timeout seconds)."""
         self._stop.set()
         for t in self._threads:
             t.join(timeout)

@@ -54,6 +54,7 @@ def alive(pid: int, start: int | None = None) -> bool:
 
 
 def cmdline(pid: int) -> list[str]:
+    """argv of a process ([] when it is gone)."""
     try:
         return [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
     except OSError:
@@ -122,6 +123,7 @@ def tree(root_pid: int) -> list[Proc]:
 
 
 def find(procs: list[Proc], role: str, name_part: str = "") -> list[Proc]:
+    """The processes of `procs` with that role whose label contains name_part."""
     return [p for p in procs if p.role == role and name_part in p.name]
 
 

@@ -25,7 +25,7 @@ class Outcome:
     client: str
     request_id: str
     expect: str = "ok"
-    t_send: float = 0.0
+    t_send: float = dataclasses.field(default_factory=time.monotonic)  # reset at the actual send
     t_end: float = 0.0
     times: list = dataclasses.field(default_factory=list)
     tokens: list = dataclasses.field(default_factory=list)
@@ -39,6 +39,7 @@ class Outcome:
 
     @property
     def ttft(self) -> float | None:
+        """Seconds from the send to the first response that carried tokens (None without one)."""
         return self.times[0] - self.t_send if self.times else None
 
     def itl(self) -> list[float]:
@@ -70,10 +71,12 @@ class Recorder:
         self.events: list[Event] = []
 
     def add(self, outcome: Outcome) -> None:
+        """Store one request's outcome."""
         with self._lock:
             self.outcomes.append(outcome)
 
     def event(self, kind: str, what: str, t: float | None = None, **detail) -> Event:
+        """Store a timeline event (t: monotonic seconds, default now) and print it as it happens."""
         ev = Event(time.monotonic() if t is None else t, kind, what, detail)
         with self._lock:
             self.events.append(ev)
@@ -81,8 +84,10 @@ class Recorder:
         return ev
 
     def snapshot(self) -> tuple[list[Outcome], list[Event]]:
+        """(outcomes, events) so far (copies)."""
         with self._lock:
             return list(self.outcomes), list(self.events)
 
     def rel(self, t: float | None) -> float | None:
+        """Seconds since the soak started, rounded to ms (None stays None)."""
         return None if t is None else round(t - self.t0, 3)

@@ -139,6 +139,14 @@ def write(run: dict, out_dir: Path) -> dict:
     }
     # default=str: a value of an unforeseen type must not cost the whole report
     (out_dir / "report.json").write_text(json.dumps(_jsonable(report), indent=1, default=str))
+    with open(out_dir / "outcomes.jsonl", "w") as f:  # every request, for digging into a failure
+        for o in run["outcomes"]:
+            kind, expected = classify(o, run["windows"])
+            f.write(json.dumps({"id": o.request_id, "scenario": o.scenario, "model": o.model, "protocol": o.protocol,
+                                "client": o.client, "status": o.status, "kind": kind, "expected": expected,
+                                "t_send": rel(o.t_send), "t_end": rel(o.t_end), "tokens": sum(o.tokens),
+                                "ttft_s": None if o.ttft is None else round(o.ttft, 3), "http_status": o.http_status,
+                                "error": (o.error or "")[:300] or None, "problems": o.problems[:3]}) + "\n")
     try:
         plot(rows, report["events"], out_dir / "soak.png")
     except Exception as e:  # noqa: BLE001 - the JSON report is what matters
@@ -147,6 +155,7 @@ def write(run: dict, out_dir: Path) -> dict:
 
 
 def plot(rows: list[dict], events: list[dict], path: Path) -> None:
+    """soak.png: RSS growth per process, KV blocks, throughput and errors per interval, events marked."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -215,6 +224,7 @@ def plot(rows: list[dict], events: list[dict], path: Path) -> None:
 
 
 def print_summary(report: dict) -> None:
+    """Print the closing note and every check (PASS / FAIL with its failures)."""
     s = report["summary"]
     print("\n==== soak summary ====")
     print(f"minutes of traffic {s['soak_minutes']}, requests {s['requests']}: {s['requests_by_status']}")

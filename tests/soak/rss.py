@@ -57,6 +57,7 @@ def fits(samples: list[dict], first_seen: dict[str, float], warmup_s: float,
 
 
 def first_seen(samples: list[dict]) -> dict[str, float]:
+    """Process key -> time of its first sample (monotonic seconds)."""
     seen: dict[str, float] = {}
     for s in samples:
         for key in s.get("rss", {}):

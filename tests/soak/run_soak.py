@@ -8,9 +8,9 @@ fails (the reasons are listed at the end).
 `make soak` runs it with SOAK_MINUTES (default 30). Phases: the server (scripts/launch_triton.py as
 `make serve` runs it, on a copy of model_repository with a low waiting limit and an extra
 tensor-parallel model `llm_tp2`), warm-up traffic, traffic with one fault every --fault-every-s
-seconds in turn (300 s in a 30-minute soak) (SIGKILL of the llm stub, SIGKILL of a TP worker, a flood past the waiting limit),
-traffic stopped and KV checked back at the idle baseline, then the drain (SIGTERM with 4 streams in
-flight). When a part stays down longer than 30 s the server needed a person: that is a failure,
+seconds in turn (300 s in a 30-minute soak): SIGKILL of the llm stub, SIGKILL of a TP worker, a flood
+past the waiting limit; traffic stopped and KV checked back at the idle baseline, then the drain
+(SIGTERM with 4 streams in flight). When a part stays down longer than 30 s the server needed a person: that is a failure,
 and the soak restarts the server itself (unless --no-restart) so that the rest of the schedule
 still runs. Every wait is bounded; a watchdog ends the soak (and its server) if it overruns.
 Only processes the soak started are signalled.
@@ -48,6 +48,7 @@ FAULT_KINDS = {"stub": "kill_llm_stub", "tp": "kill_tp_worker", "flood": "flood"
 
 
 def parse_args(argv=None):
+    """The command line (see the module doc); exits with a usage error on bad values."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=float(os.environ.get("SOAK_MINUTES", 30)),
                     help="minutes of traffic (warm-up included; start-up and drain come on top)")
@@ -196,10 +197,19 @@ class Soak:
         t_end = self.t_traffic0 + a.minutes * 60
         schedule = [k for k in a.fault_kinds if k in ("stub", "tp", "flood")]
         next_fault = self.t_traffic0 + min(a.warmup_s, a.minutes * 60 / 4)
+        # a fault kind that has not run yet may stretch the traffic by up to half its length (restarts
+        # of a server that needed a person take their time), bounded
+        t_stretch = t_end + min(a.minutes * 30, 300)
+        injected: set = set()
         i = 0
-        # past t_end the traffic goes on while a part is down (each incident is bounded: recovered,
-        # or restarted 30 s after it opened), so that the final checks see a serving server
-        while not self.stop_asked.is_set() and (time.monotonic() < t_end or any(x.open for x in self.watcher.incidents)):
+
+        def deadline() -> float:
+            return t_end if set(schedule) <= injected else t_stretch
+
+        # past the deadline the traffic goes on while a part is down (each incident is bounded:
+        # recovered, or restarted 30 s after it opened), so that the final checks see a serving server
+        while not self.stop_asked.is_set() and (time.monotonic() < deadline()
+                                                or any(x.open for x in self.watcher.incidents)):
             for inc in self.watcher.overdue(C.RECOVER_WITHIN_S):
                 if not inc.person_needed:
                     inc.person_needed = True
@@ -217,14 +227,17 @@ class Soak:
                 self.stop_asked.set()
                 break
             busy = any(x.open for x in self.watcher.incidents)
-            left = t_end - time.monotonic()
+            left = deadline() - time.monotonic()
             if schedule and not busy and time.monotonic() >= next_fault:
                 kind = schedule[i % len(schedule)]
                 # a kill must leave time to judge its recovery, a flood time to see KV come back
                 if left > (C.RECOVER_WITHIN_S + 15 if kind in ("stub", "tp") else 30):
-                    i += 1
-                    self._inject(kind)
-                    next_fault = time.monotonic() + a.fault_every_s
+                    if self._inject(kind):
+                        injected.add(kind)
+                        i += 1
+                        next_fault = time.monotonic() + a.fault_every_s
+                    else:  # not injected (e.g. the server was not serving): try again a little later
+                        next_fault = time.monotonic() + 15
             self.stop_asked.wait(0.5)
         self.traffic_s = time.monotonic() - self.t_traffic0
 
@@ -235,13 +248,16 @@ class Soak:
             f = F.kill_tp_worker(self.ctx, self.server, self.watcher, self.rec, self.repo.tp_model)
         else:
             f = F.flood(self.ctx, self.server, self.traffic, self.rec, self.repo.max_num_seqs, self.repo.max_waiting,
-                        kv_baseline=self.kv_baseline.get("llm", 0.0))
-            self.rec.event("note", f"flood: {f['completed']} completed, {f['refused']} refused "
-                                   f"(>= {f['must_refuse_at_least']} needed), slowest refusal "
-                                   f"{f['refusal_latency_max_s']} s, KV back {f['kv_back']}")
+                        kv_baseline=self.kv_baseline.get("llm", 0.0),
+                        serving=lambda: not any(x.open for x in self.watcher.incidents))
+            if f.get("ok"):
+                self.rec.event("note", f"flood: {f['completed']} completed, {f['refused']} refused "
+                                       f"(>= {f['must_refuse_at_least']} needed), slowest refusal "
+                                       f"{f['refusal_latency_max_s']} s, KV back {f['kv_back']}")
         if not f.get("ok"):
             self.rec.event("note", f"fault {kind} not injected: {f.get('error')}")
         self.faults.append(f)
+        return bool(f.get("ok"))
 
     def _after_traffic(self, engines: list[str]) -> None:
         a = self.args
@@ -328,6 +344,7 @@ def log_errors(out: Path, limit: int = 60) -> list[str]:
 
 
 def main(argv=None) -> int:
+    """Run one soak; returns the exit code (0 when every check passed)."""
     args = parse_args(argv)
     soak = Soak(args)
 

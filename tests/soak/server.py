@@ -33,14 +33,17 @@ class SoakServer:
 
     @property
     def grpc_url(self) -> str:
+        """host:port for tritonclient.grpc."""
         return f"127.0.0.1:{self.grpc_port}"
 
     @property
     def http_base(self) -> str:
+        """http://host:port for plain HTTP requests."""
         return f"http://127.0.0.1:{self.http_port}"
 
     @property
     def metrics_url(self) -> str:
+        """The Prometheus endpoint."""
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def start(self) -> None:
@@ -88,10 +91,12 @@ class SoakServer:
         return procs
 
     def stub(self, instance: str) -> proctree.Proc | None:
+        """The live stub process of a Triton instance (e.g. llm_0_0), None when there is none."""
         found = [p for p in self.processes() if p.role == "stub" and p.name == f"stub:{instance}"]
         return found[0] if found else None
 
     def tp_workers(self, instance: str) -> list[proctree.Proc]:
+        """The live tensor-parallel workers under the stub of an instance, rank order."""
         return [p for p in self.processes() if p.role == "tp_worker" and p.name.startswith(f"tp_worker:{instance}:")]
 
     def terminate(self) -> None:

@@ -17,6 +17,10 @@ class StreamTimeout(Exception):
     """No response arrived within the bound (seconds in the message)."""
 
 
+class StreamBroken(Exception):
+    """The stream ended before a request could be sent on it (the message says why)."""
+
+
 class Stream:
     """One client and one open stream. Raises tritonclient's InferenceServerException when the
     server is unreachable; every read is bounded (`next`)."""
@@ -32,9 +36,17 @@ class Stream:
         self._q.put((time.monotonic(), result, error))
 
     def send(self, model: str, inputs, request_id: str = "") -> float:
-        """Send one request; returns the send time."""
+        """Send one request; returns the send time. Raises StreamBroken with the stream's own error
+        (e.g. the server is unreachable) when the stream cannot take it."""
         t = time.monotonic()
-        self.client.async_stream_infer(model, inputs, request_id=request_id, enable_empty_final_response=True)
+        try:
+            self.client.async_stream_infer(model, inputs, request_id=request_id, enable_empty_final_response=True)
+        except Exception as e:  # noqa: BLE001 - tritonclient reports the cause through the callback
+            try:
+                _, _, detail = self._q.get(timeout=1.0)
+            except queue.Empty:
+                detail = None
+            raise StreamBroken(str(detail) if detail is not None else str(e)) from None
         return t
 
     def next(self, timeout: float):
@@ -71,4 +83,5 @@ class Stream:
 
 
 def final(result) -> bool:
+    """True when result is flagged triton_final_response."""
     return result is not None and is_final(result)

@@ -4,6 +4,7 @@ slope fit, and the response validation of one request."""
 from __future__ import annotations
 
 import sys
+import threading
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -12,6 +13,8 @@ for _p in (HERE, HERE.parent / "e2e"):
         sys.path.insert(0, str(_p))
 
 import checks  # noqa: E402
+import proctree  # noqa: E402
+import watch  # noqa: E402
 import rss  # noqa: E402
 from records import Outcome  # noqa: E402
 from validate import Resp, Spec, check_responses  # noqa: E402
@@ -43,6 +46,77 @@ def test_errors_are_expected_only_in_a_fault_window_of_their_model_and_when_they
     assert checks.classify(_o(status="stall", error="no response for 30 s"), win) == ("stall", False)
     restart = [checks.Window(11.0, 20.0, ["*"], "restart by the soak", anything=True)]
     assert checks.classify(_o(error="Socket closed"), restart) == ("restart", True)
+
+
+def test_a_closed_connection_is_expected_only_when_tritonserver_exited_in_the_window():
+    cut = _o(error="ChunkedEncodingError: Response ended prematurely", protocol="http")
+    fault = checks.Window(11.0, 20.0, ["llm", "ensemble"], "SIGKILL of stub llm_0_0")
+    assert checks.classify(cut, [fault]) == ("server_unreachable", False)
+    restarted = checks.Window(11.0, 20.0, ["llm", "ensemble"], "SIGKILL of stub llm_0_0", server_restart=True)
+    assert checks.classify(cut, [restarted]) == ("server_restart", True)
+    assert checks.classify(cut, []) == ("server_unreachable", False)
+
+
+class _Rec:
+    def __init__(self):
+        self.events = []
+
+    def event(self, kind, what, t=None, model=None):
+        self.events.append((kind, what))
+
+
+class _Prober:
+    def __init__(self):
+        self.hurry = threading.Event()
+
+
+class _Server:
+    def __init__(self, procs):
+        self.procs = procs
+
+    def processes(self):
+        return self.procs
+
+
+def _watcher(procs):
+    w = watch.Watcher(lambda: None, _Prober(), _Rec(), ["llm", "ensemble", "llm_tp2"])
+    srv = _Server(procs)
+    w._check_processes(srv, 100.0)
+    return w, srv
+
+
+def _proc(pid, role, name):
+    return proctree.Proc(pid, 1, 1, role, name)
+
+
+SERVER = [_proc(1, "tritonserver", "tritonserver"), _proc(2, "stub", "stub:llm_0_0"),
+          _proc(3, "stub", "stub:postprocessing_0_0"), _proc(4, "stub", "stub:readiness_gate_a_0_0")]
+
+
+def test_stubs_a_restarted_tritonserver_takes_belong_to_the_fault_that_made_it_restart():
+    w, srv = _watcher(SERVER)
+    fault = w.open_incident("fault", "SIGKILL of stub llm_0_0", "llm", injected=True, t=100.2)
+    srv.procs = SERVER[:1] + SERVER[3:]  # the supervisor stops the stubs first, then tritonserver
+    w._check_processes(srv, 100.5)
+    srv.procs = []
+    w._check_processes(srv, 101.0)
+    w._check_processes(srv, 105.0)  # past the grace: nothing left to judge
+    assert [i.kind for i in w.incidents] == ["fault"]
+    assert fault.affected == ["llm", "ensemble", "llm_tp2"] and fault.server_exited_at == 101.0
+
+
+def test_a_stub_that_exits_alone_is_a_crash_affecting_what_depends_on_it():
+    w, srv = _watcher(SERVER)
+    srv.procs = [p for p in SERVER if p.pid != 3]
+    w._check_processes(srv, 100.5)
+    assert w.incidents == []  # judged after the grace, in case tritonserver follows
+    w._check_processes(srv, 104.0)
+    assert [(i.kind, i.model, i.affected) for i in w.incidents] == [("crash", "postprocessing", ["ensemble"])]
+    w, srv = _watcher(SERVER)
+    srv.procs = [p for p in SERVER if p.pid != 4]  # a readiness gate holds the whole server's readiness
+    w._check_processes(srv, 100.5)
+    w._check_processes(srv, 104.0)
+    assert [(i.kind, i.affected) for i in w.incidents] == [("crash", ["llm", "ensemble", "llm_tp2"])]
 
 
 def test_flood_refusals_must_name_the_limit():

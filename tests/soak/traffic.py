@@ -15,11 +15,13 @@ from functools import partial
 import bad_inputs
 import grpc_requests as G
 import http_requests as H
+from checks import UNREACHABLE as _UNREACHABLE
 from records import Outcome, Recorder
 
 
 @dataclasses.dataclass
 class Kind:
+    """A request kind of the mix: its weight and the models it is sent to (None: the kind picks)."""
     name: str
     weight: float
     run: object  # (ctx, client, rng, model) -> Outcome
@@ -69,16 +71,20 @@ class Context:
         self._lock = threading.Lock()
 
     def set_endpoints(self, grpc_url: str, http_base: str) -> None:
+        """Point every later request at a (new) server."""
         with self._lock:
             self._urls = (grpc_url, http_base)
 
     def grpc_url(self) -> str:
+        """host:port of the current server's gRPC endpoint."""
         return self._urls[0]
 
     def http_base(self) -> str:
+        """http://host:port of the current server's HTTP endpoint."""
         return self._urls[1]
 
     def new_id(self) -> str:
+        """A request id unique within the soak (soak-N)."""
         return f"soak-{next(self._ids)}"
 
 
@@ -102,6 +108,7 @@ class Traffic:
                                                  name="soak-client-tp", daemon=True))
 
     def start(self) -> None:
+        """Start the client threads."""
         for t in self.threads:
             t.start()
 
@@ -131,14 +138,17 @@ class Traffic:
             if self.stalls_seen <= 10:  # say it as it happens (the soak may run for hours)
                 self.recorder.event("note", f"{out.status} request {out.request_id} ({out.scenario} "
                                             f"{out.model}/{out.protocol}): {(out.error or '; '.join(out.problems))[:200]}")
+        return out
 
     def _client(self, name: str, rng: random.Random) -> None:
         weights = [k.weight for k in self.kinds]
         while self._wait_go():
             kind = rng.choices(self.kinds, weights)[0]
             model = rng.choice(kind.models)
-            self._run(name, kind.run, rng, model)
-            self._stop.wait(rng.uniform(0.0, 0.2))
+            out = self._run(name, kind.run, rng, model)
+            # an unreachable server fails every request at once: do not spin on it
+            pause = 1.0 if out.status == "error" and _UNREACHABLE.search(out.error or "") else rng.uniform(0.0, 0.2)
+            self._stop.wait(pause)
 
     def _tp_client(self, model: str, rng: random.Random, period: float) -> None:
         while self._wait_go():
@@ -147,6 +157,7 @@ class Traffic:
             self._stop.wait(rng.uniform(0.5, 1.5) * period)
 
     def in_flight(self) -> int:
+        """How many clients are inside a request now."""
         with self._lock:
             return sum(self._busy.values())
 
@@ -163,6 +174,7 @@ class Traffic:
         self._go.clear()
 
     def resume(self) -> None:
+        """Let the clients send again after pause() / hold()."""
         self._go.set()
 
     def stop(self, timeout: float) -> bool:

@@ -34,6 +34,7 @@ class Spec:
 
 @dataclasses.dataclass
 class Resp:
+    """One response as the checks see it: arrival time, text delta, finish_reason, tokens it carried, sequence."""
     t: float
     text: str | None
     finish_reason: str | None = None

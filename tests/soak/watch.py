@@ -16,6 +16,7 @@ from records import Recorder
 # what a dead part takes down with it (ensemble calls preprocessing, llm and postprocessing)
 DEPENDANTS = {"llm": ["llm", "ensemble"], "preprocessing": ["preprocessing", "ensemble"],
               "postprocessing": ["postprocessing", "ensemble"], "ensemble": ["ensemble"]}
+STUB_EXIT_GRACE_S = 3.0  # a stub exit this close to tritonserver's own exit is part of the server's
 
 
 def instance_model(instance: str) -> str:
@@ -40,9 +41,11 @@ class Incident:
     closed_at: float | None = None
     closed_how: str = ""                      # recovered | restarted by the soak | end of soak
     person_needed: bool = False
+    server_exited_at: float | None = None     # tritonserver exited during it (a supervisor restarts it)
 
     @property
     def open(self) -> bool:
+        """True until the incident is closed (recovered, or ended by a restart or the end of the soak)."""
         return self.closed_at is None
 
 
@@ -59,10 +62,12 @@ class Watcher:
         self._stop = threading.Event()
         self._held = threading.Event()
         self._procs: dict[tuple, object] = {}  # (pid, start) -> Proc of the last poll
+        self._pending_exits: list[tuple] = []  # (t seen, Proc) of stubs / workers gone, judged later
         self._clear_since: dict[str, float] = {}  # model -> probes before this do not count (an incident or a hold)
         self._thread = threading.Thread(target=self._loop, name="soak-watch", daemon=True)
 
     def start(self) -> None:
+        """Start watching on the watcher's thread."""
         self._thread.start()
 
     def hold(self, held: bool) -> None:
@@ -71,27 +76,41 @@ class Watcher:
             if held:
                 self._held.set()
             else:
-                self._procs = {}
+                self._procs, self._pending_exits = {}, []
                 now = time.monotonic()
                 self._clear_since = {m: now for m in self.models}
                 self._held.clear()
 
     def stop(self) -> None:
+        """End the watching thread (joined for at most 10 s)."""
         self._stop.set()
         self._thread.join(10)
 
     # ---- incidents
 
     def open_incident(self, kind: str, what: str, model: str, injected: bool, t: float | None = None) -> Incident:
-        inc = Incident(kind, what, model, DEPENDANTS.get(model, [model]), time.monotonic() if t is None else t, injected)
-        inc.affected = [m for m in inc.affected if m in self.models] or [model]
+        """Record that `model` (and what depends on it) is down from t (monotonic seconds, default now)."""
+        inc = Incident(kind, what, model, [m for m in DEPENDANTS.get(model, [model]) if m in self.models] or [model],
+                       time.monotonic() if t is None else t, injected)
         with self._lock:
             self.incidents.append(inc)
         self.prober.hurry.set()
         self.recorder.event(kind, what, t=inc.t_open, model=model)
         return inc
 
+    def _affected_by(self, model: str) -> list[str]:
+        """The watched models a dead `model` takes down; every one for a model no client calls (the
+        launcher's readiness gates hold the whole server's readiness)."""
+        return [m for m in DEPENDANTS.get(model, [model]) if m in self.models] or list(self.models)
+
+    def _covering(self, model: str, t: float) -> Incident | None:
+        """An incident affecting model that was open at time t (opened at most one poll after it)."""
+        with self._lock:
+            return next((i for i in self.incidents if model in i.affected and i.t_open <= t + self.period
+                         and (i.closed_at is None or i.closed_at >= t)), None)
+
     def open_for(self, model: str) -> Incident | None:
+        """The open incident that affects model, None when it serves."""
         with self._lock:
             for inc in self.incidents:
                 if inc.open and model in inc.affected:
@@ -99,6 +118,7 @@ class Watcher:
         return None
 
     def close(self, inc: Incident, how: str, t: float | None = None) -> None:
+        """Close an incident (how: recovered / restarted by the soak / ...) at t (default now)."""
         with self._lock:
             if inc.open:
                 inc.closed_at = time.monotonic() if t is None else t
@@ -148,20 +168,49 @@ class Watcher:
 
     def _check_processes(self, srv, t: float) -> None:
         procs = {(p.pid, p.start): p for p in srv.processes() if p.role in ("tritonserver", "stub", "tp_worker", "launcher")}
-        for key, p in self._procs.items():
-            if key in procs:
-                continue
-            if p.role in ("tritonserver", "launcher"):
-                model, what = "llm", f"{p.name} (pid {p.pid}) exited"
-                affected = list(self.models)
-            else:
-                inst = p.name.split(":")[1]
-                model, what, affected = instance_model(inst), f"{p.name} (pid {p.pid}) exited", None
-            if self.open_for(model) is None:
-                inc = self.open_incident("crash", what + " without an injected fault", model, injected=False, t=t)
-                if affected:
-                    inc.affected = affected
+        gone = [p for key, p in self._procs.items() if key not in procs]
         self._procs = procs
+        # the whole server first: its stubs go with it, in this poll or the one before
+        for p in gone:
+            if p.role not in ("tritonserver", "launcher"):
+                continue
+            # during an incident (a fault, or a crash it follows from) that incident now needs every model
+            # back: a supervisor restarts tritonserver when a stub died; otherwise it is a crash
+            during = next((i for i in self.incidents if i.open and i.injected), None) or \
+                next((i for i in self.incidents if i.open), None)
+            if during is not None:
+                during.affected = list(self.models)
+                during.server_exited_at = t
+                during.what += f" (then {p.name} pid {p.pid} exited)"
+                self.recorder.event("note", f"{p.name} (pid {p.pid}) exited during '{during.what}'", t=t)
+            else:
+                inc = self.open_incident("crash", f"{p.name} (pid {p.pid}) exited without an injected fault",
+                                         "llm", injected=False, t=t)
+                inc.affected, inc.server_exited_at = list(self.models), t
+        self._pending_exits += [(t, p) for p in gone if p.role not in ("tritonserver", "launcher")]
+        self._judge_part_exits(t)
+
+    def _judge_part_exits(self, t: float) -> None:
+        """A stub or worker exit is judged STUB_EXIT_GRACE_S after it was seen: a tritonserver that
+        exits in that time (a supervisor restarting it kills its stubs first) takes the exit into the
+        incident it ended; a part of an incident already open is that incident's; else it is a crash."""
+        keep = []
+        for seen, p in self._pending_exits:
+            inst = p.name.split(":")[1]
+            model = instance_model(inst)
+            server_exit = next((i for i in self.incidents if i.server_exited_at is not None
+                                and seen - 1.0 <= i.server_exited_at <= seen + STUB_EXIT_GRACE_S), None)
+            if server_exit is not None:
+                continue  # the server's exit took it (every model is affected already)
+            if t - seen < STUB_EXIT_GRACE_S:
+                keep.append((seen, p))
+                continue
+            affected = self._affected_by(model)
+            if not any(self._covering(m, seen) for m in affected):
+                inc = self.open_incident("crash", f"{p.name} (pid {p.pid}) exited without an injected fault",
+                                         model, injected=False, t=seen)
+                inc.affected = affected
+        self._pending_exits = keep
 
     def _check_probes(self, t: float) -> None:
         for m in self.models:

@@ -276,7 +276,7 @@ def test_drain_refuses_new_requests_and_ends_the_rest_at_the_deadline():
     d = Drain("llm", "llm_0_0", lambda: in_flight[0], ended.append)
     d.refuse_if_draining()  # not draining: nothing happens
     assert d.on_drain({"type": "drain", "grace_s": 0.3}) == {
-        "type": "status", "model": "llm", "instance": "llm_0_0", "draining": True, "in_flight": 2}
+        "type": "status", "model": "llm", "instance": "llm_0_0", "draining": True, "in_flight": 2, "open_responses": {}}
     with pytest.raises(DrainingError, match="shutting down and takes no new requests"):
         d.refuse_if_draining()
     wait_until(lambda: ended)
@@ -287,3 +287,29 @@ def test_drain_refuses_new_requests_and_ends_the_rest_at_the_deadline():
     in_flight[0] = 0  # everything finished within the grace period: nothing is ended
     time.sleep(0.2)
     assert len(ended) == 1 and quick.status()["in_flight"] == 0
+
+
+def test_sender_ledger_counts_senders_until_their_final():
+    from paddle_llm_triton.senders import SenderLedger
+
+    class Raw:
+        def __init__(self, fail=False):
+            self.sent, self.fail = [], fail
+
+        def send(self, response=None, flags=0):
+            if self.fail:
+                raise RuntimeError("An error occurred while sending a response.")
+            self.sent.append(flags)
+
+        def is_cancelled(self):
+            return False
+
+    ledger = SenderLedger()
+    a, b, c = ledger.track(Raw(), "llm"), ledger.track(Raw(), "llm"), ledger.track(Raw(fail=True), "stop")
+    assert ledger.open == 3 and ledger.open_by_kind() == {"llm": 2, "stop": 1}
+    a.send("x", flags=0)
+    assert ledger.open == 3  # not final yet
+    a.send(None, flags=1)
+    with pytest.raises(RuntimeError):
+        c.send(None, flags=1)  # a FINAL that raised still closes the sender in the stub
+    assert ledger.open_by_kind() == {"llm": 1} and not b.is_cancelled()

@@ -34,13 +34,16 @@ def drain(server, grace_s: float, log: Callable[[str], None] = print) -> dict:
     server.gate.close()
     log(f"launch_triton: draining: {start_in_flight} request(s) in flight on {len(targets)} stub(s), "
         f"new requests refused with UNAVAILABLE, readiness false, grace period {grace_s:.0f} s")
-    left = start_in_flight
+    left, replies = start_in_flight, first
     while time.monotonic() - t0 < grace_s + 5.0:
         replies = control_bus.ask(server.pid, targets, {"type": "status"}, timeout=1.0)
         left = sum(int(r.get("in_flight", 0)) for r in replies.values())
         if left == 0 and len(replies) == len(targets):
             break
         time.sleep(0.2)
+    open_responses = {f"{m}/{i}": r.get("open_responses") for (m, i), r in replies.items() if r.get("open_responses")}
+    if open_responses:
+        log(f"launch_triton: responses never finished at the end of the drain: {open_responses}")
     server.gate.shut()
     try:
         models = [m for m, state in repo.index().items() if state == "READY" and m not in GATE_MODELS]
@@ -49,6 +52,9 @@ def drain(server, grace_s: float, log: Callable[[str], None] = print) -> dict:
         deadline = time.monotonic() + 15.0
         while time.monotonic() < deadline and any(s in ("READY", "UNLOADING") for s in repo.index().values()):
             time.sleep(0.1)
+        stuck = [m for m, s in repo.index().items() if s in ("READY", "UNLOADING")]
+        if stuck:
+            log(f"launch_triton: still unloading after 15 s: {', '.join(stuck)} (Triton holds a request of theirs)")
     except (RepositoryError, OSError) as e:
         log(f"launch_triton: unloading the models failed ({e})")
     took = time.monotonic() - t0

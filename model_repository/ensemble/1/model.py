@@ -26,7 +26,9 @@ class TritonPythonModel:
         self.pipeline = EnsemblePipeline(name=args["model_name"], **steps)
         # the launcher's drain: refuse new requests, let those in flight finish (their engine
         # requests are ended by the llm instances' own drain at the deadline)
-        drain = Drain(args["model_name"], args["model_instance_name"], lambda: self.pipeline.in_flight)
+        drain = Drain(args["model_name"], args["model_instance_name"],
+                      lambda: max(self.pipeline.in_flight, self.pipeline.senders.open),
+                      open_responses=self.pipeline.senders.open_by_kind)
         self.pipeline.drain = drain
         self.control = ControlBus(args["model_name"], args["model_instance_name"],
                                   {"drain": drain.on_drain, "status": drain.status})

@@ -30,6 +30,7 @@ from paddle_llm_triton.instances import instance_names
 from paddle_llm_triton.metrics import LLMMetrics
 from paddle_llm_triton.responder import Responder
 from paddle_llm_triton.restarts import notify_failure, restart_count
+from paddle_llm_triton.senders import SenderLedger
 from paddle_llm_triton.stop_requests import StopRequests
 from paddle_llm_triton.vllm_request import VllmRequest
 
@@ -53,7 +54,9 @@ class TritonPythonModel:
         self.default_max_tokens = opts.default_max_tokens  # 0: max_model_len - prompt tokens
         self.tokenizer = self.engine.tokenizer
         self.loop = EngineLoop(self.engine, on_state=self.metrics.on_state, on_failure=self._on_engine_failure)
-        self.drain = Drain(args["model_name"], self.instance, lambda: self.loop.num_in_flight, self.loop.fail_all)
+        self.senders = SenderLedger()  # every Triton response sender until its FINAL (a forgotten one pins the model)
+        self.drain = Drain(args["model_name"], self.instance, lambda: max(self.loop.num_in_flight, self.senders.open),
+                           self.loop.fail_all, open_responses=self.senders.open_by_kind)
         self.control = ControlBus(args["model_name"], self.instance, {}, instance_names(model_config, args["model_name"]))
         self.stops = StopRequests(self.loop.abort, self.control.publish)
         self.control.handlers.update(stop=self.stops.on_control, drain=self.drain.on_drain, status=self.drain.status)
@@ -95,7 +98,7 @@ class TritonPythonModel:
 
     def execute(self, requests):
         for request in requests:
-            sender = request.get_response_sender()
+            sender = self.senders.track(request.get_response_sender(), "llm")
             try:
                 if T.get_bool(request, "stop"):
                     self._stop(request, sender)
