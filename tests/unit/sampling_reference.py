@@ -97,8 +97,9 @@ def ref_distribution(x: np.ndarray, temperature: float = 1.0, top_k: int = 0, to
             mass += p[i]
         p = np.where(keep, p, 0.0)
         p /= p.sum()
-    if min_p > 0.0:
-        p = np.where(p >= min_p * p.max(), p, 0.0)
+    if min_p > 0.0:  # element by element, like top-p above: no code shared with the sampler
+        floor = min_p * max(p)
+        p = np.array([q if q >= floor else 0.0 for q in p], dtype=np.float64)
         p /= p.sum()
     return p
 
