@@ -14,7 +14,9 @@ False, `on_failure(reason)` is called once, and every later submit raises Engine
 Triton glue answers it at once with an INTERNAL error naming the original failure). A step that
 never returns cannot raise: a watchdog on another thread reads `step_started_at` and calls
 `declare_failed(reason)`, which does the same from its own thread (the stuck step's outputs, should
-it ever return, go nowhere).
+it ever return, go nowhere). Requests submitted but not yet applied by the engine thread when it
+fails or stops are answered the same way (a request whose FINAL never comes pins its Triton model:
+it can never unload), and no submit can queue a request after the failure was decided.
 """
 
 from __future__ import annotations
@@ -93,7 +95,14 @@ class EngineLoop:
             with self._admission:
                 self._queued -= 1
             raise
-        self._commands.put(("add", request_id, prepared, len(prompt_token_ids), callback, arrival, timeout_s))
+        with self._lock:  # a failure decided under this lock has drained the queue or will see this add
+            if self.error is None and not self._stopping:
+                self._commands.put(("add", request_id, prepared, len(prompt_token_ids), callback, arrival, timeout_s))
+                return
+        with self._admission:
+            self._queued -= 1
+        self.raise_if_dead()
+        raise EngineDeadError("the engine is stopped")
 
     def raise_if_dead(self) -> None:
         """Raise EngineDeadError (naming the original failure) unless the loop is running."""
@@ -128,10 +137,17 @@ class EngineLoop:
         self._commands.put(("stop",))  # should the stuck step return, the thread then exits
         return True
 
-    def shutdown(self, timeout: float = 10.0) -> None:
-        self._stopping = True
+    def shutdown(self, timeout: float = 10.0, message: str = "the engine is stopped") -> None:
+        """Stop the engine thread (joined for at most `timeout` s); every request still in flight or
+        queued then gets an error output (finish_reason "error", error_code "unavailable") carrying
+        `message`, so that no caller waits for an output that cannot come."""
+        with self._lock:
+            self._stopping = True
         self._commands.put(("stop",))
         self._thread.join(timeout)
+        with self._lock:
+            callbacks, self._callbacks = self._callbacks, {}
+        self._fail_callbacks(callbacks, message, "unavailable", failure=False)
 
     # -- engine thread ---------------------------------------------------------------------------
     def _apply(self, cmd) -> None:
@@ -238,14 +254,37 @@ class EngineLoop:
         log.error("engine step failed, failing %d requests:\n%s", len(callbacks), traceback.format_exc())
         self._fail_callbacks(callbacks, f"engine failure: {reason}")
 
-    def _fail_callbacks(self, callbacks: dict, message: str) -> None:
+    def _fail_queued(self, message: str, error_code: str = "internal") -> None:
+        """Answer every "add" still queued with an error output (any thread; the queue hands each
+        command to one taker). Called once the failure or stop is decided, so nothing new is queued."""
+        while True:
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if cmd[0] != "add":
+                continue
+            with self._admission:
+                self._queued -= 1
+            _, rid, _, n_prompt, cb, t, _ = cmd  # submit's ("add", ...) tuple
+            try:
+                cb(RequestOutput(request_id=rid, finished=True, finish_reason="error", error=message,
+                                 error_code=error_code, num_prompt_tokens=n_prompt, arrival_time=t))
+            except Exception:
+                log.exception("output callback of request %s failed", rid)
+
+    def _fail_callbacks(self, callbacks: dict, message: str, error_code: str = "internal",
+                        failure: bool = True) -> None:
+        """End the queued requests and those of `callbacks` with an error output; then, for a
+        failure (not a shutdown), call on_failure."""
+        self._fail_queued(message, error_code)
         for rid, cb in callbacks.items():
             try:
                 cb(RequestOutput(request_id=rid, finished=True, finish_reason="error", error=message,
-                                 error_code="internal"))
+                                 error_code=error_code))
             except Exception:
                 log.exception("output callback of request %s failed", rid)
-        if self.on_failure is not None:
+        if failure and self.on_failure is not None:
             try:
                 self.on_failure(self.error)
             except Exception:

@@ -50,6 +50,9 @@ class _Pending:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
+_STOP = object()  # the queue's last item at shutdown
+
+
 class Responder:
     """Owns the response thread. `decode_token(id, skip_special_tokens) -> str` renders logprob entries."""
 
@@ -85,10 +88,12 @@ class Responder:
         """Engine-thread callback: enqueue only."""
         self._q.put(out)
 
-    def shutdown(self) -> None:
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Send what is queued (the final errors of a stopping engine among it), then stop the
+        response thread; joined for at most `timeout` s."""
+        self._q.put(_STOP)
+        self._thread.join(timeout)
         self._stop = True
-        self._q.put(None)
-        self._thread.join(5)
 
     # -- response thread -------------------------------------------------------------------------
     def _run(self) -> None:
@@ -98,6 +103,8 @@ class Responder:
                 out = self._q.get(timeout=max(0.0, next_sweep - time.monotonic()))
             except queue.Empty:
                 out = None
+            if out is _STOP:
+                return
             if out is not None:
                 try:
                     self._handle(out)

@@ -226,6 +226,78 @@ def test_a_step_that_never_returns_is_declared_failed_by_the_watchdog():
         dog.close()
 
 
+class FailingStepEngine(HangingEngine):
+    """Its step blocks until `release`, then raises (a tensor-parallel rank killed mid-step)."""
+
+    def step(self):
+        self.in_step.set()
+        self.release.wait(30)
+        raise RuntimeError("rank 1 died")
+
+
+def _collect():
+    outs: dict[str, list] = {}
+    lock = threading.Lock()
+
+    def cb(out):
+        with lock:
+            outs.setdefault(out.request_id, []).append(out)
+    return outs, cb
+
+
+def test_requests_queued_behind_a_failing_step_get_its_error_too():
+    engine = FailingStepEngine()
+    loop = EngineLoop(engine)
+    outs, cb = _collect()
+    loop.submit("running", [1, 2], SamplingParams(), cb)
+    assert engine.in_step.wait(5)
+    loop.submit("queued-1", [3], SamplingParams(), cb)  # not yet applied: the step is in progress
+    loop.submit("queued-2", [4, 5], SamplingParams(), cb)
+    assert loop.num_waiting == 2
+    engine.release.set()
+    wait_until(lambda: len(outs) == 3)
+    for rid in ("running", "queued-1", "queued-2"):
+        last = outs[rid][-1]
+        assert last.finished and last.finish_reason == "error" and "rank 1 died" in last.error, rid
+    assert outs["queued-2"][-1].num_prompt_tokens == 2
+    assert loop.num_waiting == 0
+    with pytest.raises(EngineDeadError, match="rank 1 died"):
+        loop.submit("late", [1], SamplingParams(), cb)
+
+
+def test_requests_queued_behind_a_stuck_step_are_failed_by_the_watchdog():
+    engine = HangingEngine()
+    loop = EngineLoop(engine)
+    outs, cb = _collect()
+    loop.submit("running", [1, 2], SamplingParams(), cb)
+    assert engine.in_step.wait(5)
+    loop.submit("queued", [3], SamplingParams(), cb)
+    try:
+        assert loop.declare_failed("the engine step has not returned for 121 s")
+        assert [o.finish_reason for o in outs["queued"]] == ["error"]
+        assert "has not returned" in outs["queued"][0].error
+        assert [o.finish_reason for o in outs["running"]] == ["error"]
+    finally:
+        engine.release.set()
+
+
+def test_shutdown_answers_every_request_in_flight_and_queued():
+    engine = HangingEngine()
+    loop = EngineLoop(engine)
+    outs, cb = _collect()
+    loop.submit("running", [1, 2], SamplingParams(), cb)
+    assert engine.in_step.wait(5)
+    loop.submit("queued", [3], SamplingParams(), cb)
+    engine.release.set()  # the step returns; the loop then meets "stop"
+    loop.shutdown(timeout=5, message="llm instance llm_0_0 was unloaded before the request finished")
+    for rid in ("running", "queued"):
+        last = outs[rid][-1]
+        assert last.finished and last.error_code == "unavailable" and "was unloaded" in last.error, rid
+    assert sum(o.finished for v in outs.values() for o in v) == 2  # one final output each
+    with pytest.raises(EngineDeadError, match="stopped"):
+        loop.submit("late", [1], SamplingParams(), cb)
+
+
 def test_watchdog_is_quiet_while_nothing_runs_and_off_at_zero():
     from paddle_llm_triton.health import StallWatchdog
 

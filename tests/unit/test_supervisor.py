@@ -229,3 +229,17 @@ def test_a_live_stub_gets_time_to_finish_before_anything_is_killed(rig):
     triton.state["llm"] = "UNAVAILABLE"
     assert wait_for(lambda: ("load", "llm") in triton.calls)
     assert not server.restarted.is_set()
+
+
+def test_a_drain_that_lost_nothing_is_clean_whatever_tritonserver_exits_with():
+    from paddle_llm_triton.launcher.shutdown import clean_despite_exit_code
+
+    clean = {"left": 0, "open_responses": {}, "stuck": ["ensemble"]}
+    assert clean_despite_exit_code(clean, 1, killed=False)
+    # a request still in flight, a response without its FINAL, a killed server, no drain: not clean
+    assert not clean_despite_exit_code({**clean, "left": 2}, 1, killed=False)
+    assert not clean_despite_exit_code({**clean, "open_responses": {"llm/llm_0_0": {"llm": 1}}}, 1, killed=False)
+    assert not clean_despite_exit_code(clean, -9, killed=True)
+    assert not clean_despite_exit_code(None, 1, killed=False)
+    # exit 1 with every model unloaded is some other failure of tritonserver's
+    assert not clean_despite_exit_code({**clean, "stuck": []}, 1, killed=False)

@@ -155,7 +155,8 @@ class TritonPythonModel:
     def finalize(self):
         self.watchdog.close()
         self.channel.close()
-        self.loop.shutdown()
+        # requests still in flight (an unload, not a drain) end with an error instead of never
+        self.loop.shutdown(message=f"llm instance {self.instance} was unloaded before the request finished")
         self.engine.close()  # tensor parallel: stops the worker processes
         self.control.close()
         self.responder.shutdown()
