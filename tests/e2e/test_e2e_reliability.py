@@ -120,6 +120,33 @@ def test_engine_failure_is_reloaded(server):
     print(f"\n[reliability] engine failure: serving again {time.monotonic() - t0:.1f} s after the failed request ended")
 
 
+def test_an_unload_lets_the_streams_in_flight_finish_and_the_supervisor_loads_it_again(server):
+    """Triton 2.51 unloads a decoupled model only after its streams in flight ended (the response
+    factory holds it): the stream completes with every token, then the instance is finalized (were it
+    finalized first, llm would end the stream with UNAVAILABLE "was unloaded": unit-tested), and the
+    supervisor, seeing its stub gone, loads it again."""
+    import tritonclient.http as httpclient
+
+    s = server
+    before = _restarts(s)
+    served_before = s.output().count("supervisor: model llm: serving again")
+    stream = _started(GrpcStream(s.grpc_url, "llm", llm_inputs("Once upon a time", True, LONG,
+                                                                return_num_output_tokens=True), timeout=300))
+    t0 = time.monotonic()
+    httpclient.InferenceServerClient(f"127.0.0.1:{s.http_port}", network_timeout=300).unload_model("llm")
+    (rest,) = run_concurrently([stream.collect], timeout=300)
+    assert rest.error is None and rest.final_seen, f"{rest.error} after {len(rest.responses)} more responses"
+    assert _tokens(stream, rest, "num_output_tokens") == 300
+    # Triton 2.51 counts an unloaded model as no obstacle to readiness: wait for the supervisor's reload
+    s.wait(lambda: s.output().count("supervisor: model llm: serving again") > served_before, RECOVER_S,
+           "the supervisor's reload")
+    s.wait(s.ready, RECOVER_S, "ready again")
+    _short_ok(s)
+    assert _restarts(s) == before + 1
+    print(f"\n[reliability] unload with a 300-token stream in flight: the stream completed, serving again "
+          f"{time.monotonic() - t0:.1f} s after the unload")
+
+
 def test_sigterm_drains_streams_in_flight_and_exits_zero(server):
     s = server
     streams = [_started(GrpcStream(s.grpc_url, "llm", llm_inputs(f"Story {i}:", True,

@@ -110,6 +110,10 @@ def _fault_kind(o, wins) -> tuple[str, bool]:
         return ("server_restart", True) if any(w.server_restart for w in wins) else ("server_unreachable", False)
     if FAULT_WORDS.search(o.error or ""):
         return "fault", True
+    if any(w in (o.error or "") for w in LIMIT_WORDS):
+        # the clients' backlog while the model was down meets the waiting limit once it is back: a
+        # refusal naming the limit is the designed answer (outside a fault window it is unexpected)
+        return "unavailable", True
     return "fault_unnamed", False
 
 

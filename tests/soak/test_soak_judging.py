@@ -42,6 +42,9 @@ def test_errors_are_expected_only_in_a_fault_window_of_their_model_and_when_they
     assert checks.classify(named, win) == ("fault", True)
     assert checks.classify(named, []) == ("unexpected_error", False)
     assert checks.classify(_o(error="Internal error"), win) == ("fault_unnamed", False)
+    busy = _o(error="server busy: 8 requests waiting (max_num_waiting 8); retry later")
+    assert checks.classify(busy, win) == ("unavailable", True)
+    assert checks.classify(busy, []) == ("unexpected_error", False)
     assert checks.classify(_o(error="Stub process 'llm_0_0' is not healthy.", model="llm_tp2"), win)[1] is False
     assert checks.classify(_o(status="stall", error="no response for 30 s"), win) == ("stall", False)
     restart = [checks.Window(11.0, 20.0, ["*"], "restart by the soak", anything=True)]
