@@ -25,6 +25,7 @@ import time
 import numpy as np
 import paddle
 
+import kernel_probes as probes  # noqa: I001 (this folder, run as a script)
 import paddle_llm_ops.cpu_kernels as ck
 from paddle_llm_ops.kv_cache import write_kv
 from paddle_llm_ops.norm import rms_norm_composed, rms_norm_fused
@@ -86,7 +87,7 @@ def bench_bandwidth(quick: bool) -> float:
     buf = np.ones((64 if quick else 256) << 20, np.float32)
     out = 0.0
     for threads in sorted({1, ck.get_num_threads()}):
-        best = min(_timed(lambda: ck.read_bandwidth_probe(buf, threads)) for _ in range(5))
+        best = min(_timed(lambda: probes.read_bandwidth_probe(buf, threads)) for _ in range(5))
         gbs = buf.nbytes / best / 1e9
         print(f"read bandwidth, {threads} thread(s), AVX2 sum over {buf.nbytes >> 20} MiB: {gbs:.1f} GB/s")
         out = max(out, gbs)
@@ -374,7 +375,8 @@ def bench_decoder_step(batches, ctx, repeats, fused_ok: bool):
 
 
 def bench_crossover(repeats, budget):
-    """Where paddle.matmul (MKL) on the same [N, K] weight overtakes our GEMV: sets GEMV_MAX_BATCH."""
+    """Where paddle.matmul (MKL) on the same [N, K] weight overtakes our GEMV: the measurement behind
+    cpu_kernels.GEMV_MAX_BATCH."""
     print(f"\n== GEMV vs paddle.matmul(x, W_nk, transpose_y=True) by batch (cold weights; linear() switches "
           f"above GEMV_MAX_BATCH={ck.GEMV_MAX_BATCH}, int8 above GEMV_INT8_MAX_BATCH={ck.GEMV_INT8_MAX_BATCH})")
     rng = np.random.default_rng(8)
@@ -404,7 +406,7 @@ def bench_threading(repeats):
     n = ck.get_num_threads()
     for idle in (0, 20, 1000):
         print(f"empty parallel region of {n} threads after {idle} us serial work: "
-              f"{min(ck.fork_join_probe(2000 if idle < 100 else 200, n, idle) for _ in range(3)):.2f} us")
+              f"{min(probes.fork_join_probe(2000 if idle < 100 else 200, n, idle) for _ in range(3)):.2f} us")
     rng = np.random.default_rng(6)
     table = RotaryTable(HEAD_DIM, 4096, 100000.0)
     kc = paddle.zeros([KV_HEADS, 8192, HEAD_DIM])
@@ -421,9 +423,9 @@ def bench_threading(repeats):
         for name, fn in ops.items():
             cols = []
             for policy in ("auto", "never", "always"):
-                ck.set_threading_policy(policy)
+                probes.set_threading_policy(policy)
                 cols.append((policy, timeit(fn, 500, repeats), None))
-            ck.set_threading_policy("auto")
+            probes.set_threading_policy("auto")
             row(f"{name} B={b}", cols)
 
 

@@ -112,11 +112,9 @@ def repo_edit():
 
 
 def launcher():
-    try:
-        from paddle_llm_triton import launcher as mod  # the package, where it exists
-        return mod
-    except ImportError:
-        return _load("bench_server", BENCH_DIR / "bench_server.py").load_launcher()
+    from paddle_llm_triton import launcher as mod
+
+    return mod
 
 
 def child_env(threads: int) -> dict:

@@ -1,4 +1,4 @@
-"""PaddlePaddle LLM engine for Triton: scheduler over a paged KV cache, per-device model runners.
+"""PaddlePaddle LLM engine for Triton: a scheduler over a paged KV cache, executors over per-device workers.
 
 Importing this package sets MKL_DEBUG_CPU_TYPE=5 unless already set, before Paddle loads: the MKL
 bundled with Paddle otherwise takes a slow generic path on AMD CPUs (about 2x on batched GEMM).

@@ -13,7 +13,7 @@ child sequence the parent's whole block table (reference counts + 1), so the pro
 and stored once. A block is written only at positions >= num_computed_tokens; before a sequence
 writes into a block that another sequence also holds (the prompt's last, partial block), `allocate`
 gives it a private copy (copy on write): a fresh block, the reference to the shared one dropped, and
-a (source, destination) pair queued for the runner, which copies the KV before the step's writes
+a (source, destination) pair queued for the worker, which copies the KV before the step's writes
 (`take_copies`). Full shared blocks are never written again, so they are never copied.
 """
 
@@ -124,7 +124,7 @@ class BlockManager:
 
     def take_copies(self) -> list[tuple[int, int]]:
         """The copy-on-write (source block, destination block) pairs queued since the last call; the
-        runner copies them before the step's KV writes."""
+        worker copies them before the step's KV writes."""
         out, self._copies = self._copies, []
         return out
 

@@ -9,6 +9,8 @@ import os
 from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 
+from paddle_llm_engine.platforms.plan import check_settings
+
 log = logging.getLogger(__name__)
 
 # max_num_waiting 0 (the default) = this many times max_num_seqs (128 at the default 32): room for a
@@ -244,8 +246,8 @@ class EngineConfig:
     max_waiting_requests: deprecated alias of max_num_waiting (logs a warning); setting both is a
         ValueError.
     max_request_seconds: server-side deadline of every request, in seconds from its arrival at the
-        engine; 0 = none. A request's own timeout (add_request timeout_s) can only shorten it. At the
-        deadline the engine aborts the request and frees its KV blocks (LLMEngine.add_request).
+        engine; 0 = none. A request's own timeout (EngineLoop.submit timeout_s) can only shorten it.
+        At the deadline the engine aborts the request and frees its KV blocks (LLMEngine.add_prepared).
     dtype: weights and activations: "auto" (the fastest dtype the place has kernels for: float32
         on CPU), "float32", "bfloat16", "float16"; a dtype the place lacks kernels for is refused.
     kv_cache_dtype: "auto" (= dtype) or a dtype; narrower than dtype is storage only (half the memory
@@ -325,12 +327,7 @@ class EngineConfig:
             raise ValueError(f"max_request_seconds must be >= 0 (0 = no limit), got {self.max_request_seconds}")
         if self.num_kv_blocks < 0 or self.kv_cache_memory_bytes <= 0:
             raise ValueError("num_kv_blocks must be >= 0 and kv_cache_memory_bytes > 0")
-        if self.quantization not in ("", "wint8"):
-            raise ValueError(f"quantization must be empty or wint8; got {self.quantization!r}")
-        for name in ("dtype", "kv_cache_dtype"):
-            value = getattr(self, name)
-            if value not in ("auto", "float32", "bfloat16", "float16"):
-                raise ValueError(f"{name} must be one of auto, float32, bfloat16, float16; got {value!r}")
+        check_settings(self.dtype, self.kv_cache_dtype, self.quantization)
         if not (0.0 <= self.kv_cache_memory_fraction <= 1.0):
             raise ValueError(f"kv_cache_memory_fraction must be 0 (off) or in (0, 1], "
                              f"got {self.kv_cache_memory_fraction}")

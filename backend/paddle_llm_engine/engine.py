@@ -1,7 +1,12 @@
-"""The engine core: requests in, one scheduler + runner step at a time, RequestOutputs out.
+"""The engine core: requests in, one scheduler + executor step at a time, RequestOutputs out.
 
 Synchronous and single-threaded; `engine_loop.EngineLoop` runs it on its own thread for servers,
-`llm.LLM` drives it directly for batch jobs.
+`llm.LLM` drives it directly for batch jobs. A step: the scheduler decides (scheduler.py), the
+decisions become a plain-data Step (step.py), the executor runs it on the worker(s) and returns
+the sampled rows' logits (executor/), the sampler draws the tokens here (sampler.py), the
+scheduler applies the token state and the finishing rules, and each request's state turns its
+tokens into text and outputs (request_state.py). Requests are checked once, on the caller's thread
+(check_request, request.py).
 """
 
 from __future__ import annotations
@@ -11,91 +16,34 @@ import itertools
 import logging
 import math
 import time
-from dataclasses import dataclass
+
+import numpy as np
 
 from paddle_llm_engine.block_manager import BlockManager
 from paddle_llm_engine.config import EngineConfig, ModelConfig
-from paddle_llm_engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
-from paddle_llm_engine.errors import EngineBusyError, InvalidRequestError
+from paddle_llm_engine.errors import EngineBusyError
+from paddle_llm_engine.executor import create_executor
 from paddle_llm_engine.guided import GuidedDecoding
 from paddle_llm_engine.outputs import EngineStats, RequestOutput
 from paddle_llm_engine.platforms import resolve_device
-from paddle_llm_engine.runner import create_runner
-from paddle_llm_engine.sampling_params import SamplingParams, check_prompt_length
+from paddle_llm_engine.request import PreparedRequest, RequestChecker
+from paddle_llm_engine.request_state import Deadline, RequestState, SequenceState
+from paddle_llm_engine.sampler import sample
+from paddle_llm_engine.sampling_params import SamplingParams
 from paddle_llm_engine.scheduler import Scheduler
-from paddle_llm_engine.sequence import Sequence
+from paddle_llm_engine.step import Step, build_step
 from paddle_llm_engine.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
 
-
-class _RequestState:
-    """Per-request output side: detokenizer, stop-string matcher, tokens not yet reported."""
-
-    def __init__(self, seq: Sequence, tokenizer):
-        self.seq = seq
-        prm = seq.params
-        self.detok = IncrementalDetokenizer(tokenizer, seq.token_ids, prm.skip_special_tokens,
-                                            prm.spaces_between_special_tokens)
-        self.stops = StopStringMatcher(prm.stop, include_stop=prm.include_stop_str_in_output)
-        self.unreported: list[int] = []
-
-
-class _Request:
-    """One request: the states of its params.n sequences (index = Sequence.seq_index). Sequences
-    1.. wait in `pending` until sequence 0 samples its first token; then they are forked from it
-    (sharing its KV blocks, BlockManager.fork) and draw their own first token from its logits."""
-
-    def __init__(self, states: list[_RequestState]):
-        self.states = states
-        self.pending = [st.seq for st in states[1:]]
-        self.unfinished = len(states)
-        self.deadline: Deadline | None = None
-
-    @property
-    def seq(self) -> Sequence:
-        """Sequence 0 (the only one when n = 1)."""
-        return self.states[0].seq
-
-
-@dataclass(frozen=True)
-class Deadline:
-    """When a request must be over. at: time.monotonic() seconds; seconds: the limit it came from,
-    counted from the request's arrival; source: which limit that is ("timeout": the caller's,
-    "max_request_seconds": the engine setting), named in the error."""
-
-    at: float
-    seconds: float
-    source: str
-
-    @staticmethod
-    def earliest(arrival: float, timeout_s: float | None, max_request_seconds: float) -> "Deadline | None":
-        """The nearer of the caller's timeout and max_request_seconds (each None / 0 = none)."""
-        best = None
-        for seconds, source in ((timeout_s, "timeout"), (max_request_seconds, "max_request_seconds")):
-            if seconds and (best is None or seconds < best.seconds):
-                best = Deadline(arrival + seconds, float(seconds), source)
-        return best
-
-    def message(self, now: float, arrival: float, num_output_tokens: int) -> str:
-        """The error a timed-out request ends with."""
-        n = num_output_tokens
-        where = f"{n} token{'s' if n > 1 else ''} generated" if n else "aborted before its first token"
-        ran = now - arrival
-        ran_text = f"{ran:.1f}" if ran >= 1 else f"{ran:.2f}"
-        return f"deadline exceeded: the request ran {ran_text} s ({self.source} {_seconds(self.seconds)} s); {where}"
-
-
-def _seconds(x: float) -> str:
-    """2.0 -> "2.0", 0.25 -> "0.25": one decimal unless the value needs more."""
-    return f"{x:.1f}" if round(x, 1) == x else f"{x:g}"
+__all__ = ["Deadline", "LLMEngine"]
 
 
 class LLMEngine:
-    """One engine bound to one device.
+    """One engine: a scheduler over a paged KV cache and an executor for its device(s).
 
     Raises ValueError at construction for bad settings (naming them), and InvalidRequestError from
-    add_request for bad requests.
+    check_request / add_request for bad requests.
     """
 
     def __init__(self, config: EngineConfig):
@@ -104,14 +52,14 @@ class LLMEngine:
         config.validate(self.model_config)
         self.device = resolve_device(config.device, config.device_id)
         t0 = time.monotonic()
-        self.runner = create_runner(config, self.model_config, self.device)
+        self.executor = create_executor(config, self.model_config, self.device)
         self.tokenizer = load_tokenizer(config.model_dir)
-        self.block_manager = BlockManager(self.runner.num_kv_blocks, config.block_size,
+        self.block_manager = BlockManager(self.executor.num_kv_blocks, config.block_size,
                                           enable_prefix_caching=bool(config.enable_prefix_caching))
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.prefill_chunk_size)
-        self.requests: dict[str, _Request] = {}
-        # (deadline.at, tie-breaker, request id, _Request): earliest first. Entries of requests
+        self.requests: dict[str, RequestState] = {}
+        # (deadline.at, tie-breaker, request id, RequestState): earliest first. Entries of requests
         # that ended otherwise stay until popped or compacted (see _expire_deadlines).
         self._deadlines: list = []
         self._deadline_seq = itertools.count()
@@ -119,26 +67,26 @@ class LLMEngine:
         self.num_steps = 0
         # guided decoding: llguidance tokenizer built on the first guided request, not here
         self.guided = GuidedDecoding(config.model_dir, self.model_config.vocab_size, self.eos_token_ids)
+        self.checker = RequestChecker(config.max_model_len, self.model_config.vocab_size, self.tokenizer,
+                                      self.eos_token_ids, self.guided)
         log.info("engine ready on %s in %.1f s: max_model_len %d, max_num_seqs %d, max_num_batched_tokens %d, "
                  "max concurrent tokens %d", self.device, time.monotonic() - t0, config.max_model_len,
                  config.max_num_seqs, config.max_num_batched_tokens,
-                 self.runner.num_kv_blocks * config.block_size)
+                 self.executor.num_kv_blocks * config.block_size)
 
     def info(self) -> dict[str, str]:
         """What this engine runs on, as strings: device, dtype, kv_cache_dtype, kernels (the optional
         kernels the platform layer turned on, ';'-joined, or "composed"), quantization ("none" or
-        "wint8"), tensor_parallel_size, and the admission limits max_num_seqs and max_num_waiting."""
-        plan = getattr(self.runner, "plan", None)
+        "wint8"), tensor_parallel_size, and the admission limits max_num_seqs and max_num_waiting.
+        With tensor parallelism these are what the ranks decided (every rank decides alike)."""
+        plan = self.executor.plan
         kernels = "composed"
-        if plan is not None and any(plan.kernels.values()):
+        if any(plan.kernels.values()):
             kernels = ";".join(k for k, on in plan.kernels.items() if on)
             if plan.cpu_isa:
                 kernels = kernels.replace("cpu_kernels", f"cpu_kernels_{plan.cpu_isa}")
-        return {"device": self.device,
-                "dtype": plan.dtype if plan else self.config.dtype,
-                "kv_cache_dtype": plan.kv_cache_dtype if plan else self.config.kv_cache_dtype,
-                "kernels": kernels if plan else self.config.kernels,
-                "quantization": self.config.quantization or "none",
+        return {"device": str(self.device), "dtype": plan.dtype, "kv_cache_dtype": plan.kv_cache_dtype,
+                "kernels": kernels, "quantization": plan.quantization or "none",
                 "tensor_parallel_size": str(self.config.tensor_parallel_size),
                 "max_num_seqs": str(self.config.max_num_seqs),
                 "max_num_waiting": str(self.config.max_num_waiting)}
@@ -156,69 +104,43 @@ class LLMEngine:
         """Sequences in the scheduler's waiting queue (new and preempted)."""
         return len(self.scheduler.waiting)
 
+    # -- intake --------------------------------------------------------------------------------
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> PreparedRequest:
+        """Check a request and prepare it for add_prepared; safe on any thread (EngineLoop.submit
+        calls it on the caller's). prompt_token_ids: the prompt's token ids (at least 1, below the
+        vocabulary size). Raises InvalidRequestError naming the field (request.py)."""
+        return self.checker.check(prompt_token_ids, params)
+
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     arrival_time: float | None = None, timeout_s: float | None = None) -> None:
-        """Queue a request.
+        """check_request, then add_prepared (one thread: the offline API and tests). Raises as both."""
+        self.add_prepared(request_id, self.check_request(prompt_token_ids, params), arrival_time, timeout_s)
 
-        prompt_token_ids: the prompt's token ids (at least 1, below the vocabulary size).
+    def add_prepared(self, request_id: str, prepared: PreparedRequest, arrival_time: float | None = None,
+                     timeout_s: float | None = None) -> None:
+        """Queue a checked request (engine thread).
+
         arrival_time: time.monotonic() seconds when the request arrived (default: now); latency
             metrics and the deadline count from it.
         timeout_s: the caller's deadline in seconds from arrival (None or 0 = none). The nearer of it
             and the max_request_seconds setting applies: at that time the engine aborts the request
             wherever it is (waiting or running), frees its KV blocks, and its final output has
             finish_reason "abort", timed_out True and `error` saying "deadline exceeded: ...".
-        Raises InvalidRequestError (field named), EngineBusyError (max_num_waiting sequences are
-        already waiting: a backstop, EngineLoop.submit refuses earlier) or ValueError (duplicate id,
-        a negative or non-finite timeout)."""
+        Raises EngineBusyError (max_num_waiting sequences are already waiting: a backstop,
+        EngineLoop.submit refuses earlier) or ValueError (duplicate id, a negative or non-finite
+        timeout)."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in flight")
         if timeout_s is not None and not (math.isfinite(timeout_s) and timeout_s >= 0):
             raise ValueError(f"timeout_s must be >= 0 seconds (0 = none), got {timeout_s}")
         if self.num_waiting >= self.config.max_num_waiting:
             raise EngineBusyError(self.num_waiting, self.config.max_num_waiting)
-        n = len(prompt_token_ids)
-        limit = self.config.max_model_len
-        if n == 0:
-            raise InvalidRequestError("text_input", "the prompt is empty (0 tokens)")
-        prompt_token_ids = params.truncated_prompt(prompt_token_ids, limit)  # truncate_prompt_tokens
-        n = len(prompt_token_ids)
-        check_prompt_length(n, limit)
-        vocab = self.model_config.vocab_size
-        bad = [t for t in (min(prompt_token_ids), max(prompt_token_ids)) if not 0 <= t < vocab]
-        if bad:  # the embedding lookup would fail the whole step, and with it every request in flight
-            raise InvalidRequestError("input_ids", f"token id {bad[0]} outside the vocabulary [0, {vocab})")
-        params.validate(vocab)
-        if params.bad_words and not params.bad_words_ids:
-            params.bad_words_ids = [list(self.tokenizer.encode(w, add_special_tokens=False)) for w in params.bad_words]
-        max_tokens = params.max_tokens if params.max_tokens is not None else limit - n
-        if n + max_tokens > limit:
-            raise InvalidRequestError(
-                "max_tokens", f"prompt ({n} tokens) + max_tokens ({max_tokens}) exceeds max_model_len ({limit})")
-        eos = params.eos_token_ids if params.eos_token_ids is not None else self.eos_token_ids
-        seq = Sequence(request_id, prompt_token_ids, params, max_tokens, eos, arrival_time)
-        if params.guide is not None:  # compile errors name the guide's field; first mask starts now
-            stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos))
-            seq.guide = self.guided.new_state(params.guide, sorted(stop_ids))
-        seqs = [seq] + self._siblings(seq)
-        req = _Request([_RequestState(s, self.tokenizer) for s in seqs])
-        req.deadline = Deadline.earliest(seq.arrival_time, timeout_s, self.config.max_request_seconds)
+        req = RequestState(request_id, prepared, self.tokenizer, arrival_time)
+        req.deadline = Deadline.earliest(req.seq.arrival_time, timeout_s, self.config.max_request_seconds)
         self.requests[request_id] = req
         if req.deadline is not None:
             heapq.heappush(self._deadlines, (req.deadline.at, next(self._deadline_seq), request_id, req))
-        self.scheduler.add(seq)
-
-    def _siblings(self, seq: Sequence) -> list[Sequence]:
-        """Sequences 1 .. params.n - 1 of seq's request, each with its own seed (seq_index) and, when
-        guided, its own guide state."""
-        out = []
-        guide = getattr(seq, "guide", None)
-        for i in range(1, seq.params.n):
-            c = Sequence(seq.request_id, seq.token_ids, seq.params, seq.max_tokens, seq.eos_token_ids,
-                         seq.arrival_time, seq_index=i)
-            if guide is not None:
-                c.guide = self.guided.new_state(seq.params.guide, guide.stop_ids.tolist())
-            out.append(c)
-        return out
+        self.scheduler.add(req.seq)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Stop a request and free its KV blocks now. Returns its final output, or None if unknown."""
@@ -228,7 +150,7 @@ class LLMEngine:
         for st in req.states:
             self.scheduler.finish(st.seq, "abort")
         req.unfinished = 0
-        return self._output(req, req.states[0], "", seq_finished=True, reason="abort")
+        return req.output(req.states[0], "", seq_finished=True, reason="abort")
 
     def _expire_deadlines(self, now: float) -> list[RequestOutput]:
         """Abort every request whose deadline has passed (waiting or running); their final outputs.
@@ -240,10 +162,9 @@ class LLMEngine:
             _, _, rid, req = heapq.heappop(heap)
             if self.requests.get(rid) is not req:  # ended before its deadline (or the id was reused)
                 continue
-            seq = req.seq
             n_out = max(st.seq.num_output_tokens for st in req.states)
             out = self.abort_request(rid)
-            out.error = req.deadline.message(now, seq.arrival_time, n_out)
+            out.error = req.deadline.message(now, req.seq.arrival_time, n_out)
             out.error_code = "unavailable"
             out.timed_out = True
             self.num_timed_out += 1
@@ -256,6 +177,7 @@ class LLMEngine:
         return outputs
 
     def stats(self) -> EngineStats:
+        """The engine's gauges now (engine thread)."""
         sch = self.scheduler
         return EngineStats(running=len(sch.running), waiting=len(sch.waiting),
                            kv_used_blocks=self.block_manager.num_used_blocks,
@@ -264,14 +186,14 @@ class LLMEngine:
                            num_preemptions_total=sch.num_preemptions)
 
     def close(self) -> None:
-        """Release the runner's processes (tensor parallel workers); idempotent."""
-        close = getattr(self.runner, "close", None)
-        if close is not None:
-            close()
+        """Release the executor's processes (tensor parallel workers); idempotent."""
+        self.executor.close()
 
     def has_unfinished_requests(self) -> bool:
+        """True while any request added is not finished."""
         return bool(self.requests)
 
+    # -- one step ------------------------------------------------------------------------------
     def step(self, return_logits: bool = False) -> list[RequestOutput]:
         """Schedule, run the model once, and return an output for every request that advanced.
 
@@ -282,89 +204,69 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         if not sched.scheduled:
             return expired
-        for s in sched.scheduled:  # n > 1: the other sequences fork when sequence 0 samples first
-            if s.samples and s.seq.num_output_tokens == 0:
-                req = self.requests.get(s.seq.request_id)
-                if req is not None and req.pending:
-                    s.forks = req.pending
-        result = self.runner.execute(sched.scheduled, return_logits=return_logits, copies=sched.copies)
+        step = build_step(sched.scheduled, sched.copies, self._forks_of)
+        logits = self.executor.execute(step)
         self.num_steps += 1
-        return expired + self._update_from_output(sched.scheduled, result, return_logits)
+        return expired + self._update_from_output(sched.scheduled, step, logits, return_logits)
 
-    def _update_from_output(self, scheduled, result, return_logits: bool) -> list[RequestOutput]:
-        """Apply one step's StepResult: the only place where sequence, block and scheduler state
-        change after a step (computed tokens, committed prefix blocks, new tokens and logprobs,
-        stop checks, finished sequences). Returns the outputs of the requests that advanced."""
-        for s in scheduled:
-            s.seq.num_computed_tokens += s.num_new_tokens
-            self.block_manager.commit_full_blocks(s.seq)
-        for s in result.sampled:  # n > 1: the pending sequences now share sequence 0's blocks
-            req = self.requests.get(s.seq.request_id) if s.forks else None
-            if req is not None:
-                for c in s.forks:
-                    self.block_manager.fork(s.seq, c)
-                    c.first_scheduled_time = s.seq.first_scheduled_time
-                    self.scheduler.add_running(c)
+    def _forks_of(self, seq) -> list:
+        """n > 1: the sequences that fork from sequence 0 when it samples its first token."""
+        req = self.requests.get(seq.request_id)
+        return req.pending if req is not None else []
+
+    def _sample(self, step: Step, logits: np.ndarray) -> list[tuple]:
+        """The step's tokens: (row or None, SequenceState, token, logprob) for every sampled entry,
+        then for every sibling forked this step (drawn with its own state from its parent's row)."""
+        rows, states = [], []
+        for row, s in enumerate(step.sampled):
+            req = self.requests[s.request_id]
+            rows.append(row)
+            states.append(req.states[s.seq_index])
+        for row, s in enumerate(step.sampled):
+            for i in s.forks:
+                rows.append(row)
+                states.append(self.requests[s.request_id].states[i])
+        if not states:
+            return []
+        k = step.num_sampled
+        rows_logits = logits if len(rows) == k else logits[rows]  # forks repeat their parent's row
+        tokens, logprobs = sample(rows_logits, [st.seq for st in states], [st.sampling for st in states])
+        return [(row if j < k else None, st, int(tok), lp)
+                for j, (row, st, tok, lp) in enumerate(zip(rows, states, tokens.tolist(), logprobs))]
+
+    def _update_from_output(self, scheduled, step: Step, logits: np.ndarray, return_logits: bool
+                            ) -> list[RequestOutput]:
+        """Apply one step: the scheduler's token state (computed tokens, committed prefix blocks,
+        forks, new tokens and logprobs, EOS / length), then each request's output processing
+        (guide, detokenization, stop strings). Returns the outputs of the requests that advanced."""
+        self.scheduler.advance(scheduled)
+        sampled = self._sample(step, logits)
+        for s in step.sampled:  # n > 1: the pending sequences now share sequence 0's blocks
+            if s.forks:
+                req = self.requests[s.request_id]
+                self.scheduler.fork(req.states[s.seq_index].seq, req.pending)
                 req.pending = []
         now = time.monotonic()
-        items = [(row, s.seq, tok, result.logprobs[row])
-                 for row, (s, tok) in enumerate(zip(result.sampled, result.token_ids.tolist()))]
-        if result.forked:
-            items += [(None, c, tok, lp) for c, tok, lp in
-                      zip(result.forked, result.fork_token_ids.tolist(), result.fork_logprobs)]
         outputs = []
-        for row, seq, token, logprob in items:
-            req = self.requests.get(seq.request_id)
-            if req is None or seq.is_finished:  # aborted between schedule and now
+        for row, st, token, logprob in sampled:
+            req = self.requests.get(st.seq.request_id)
+            if req is None or st.seq.is_finished:  # aborted between schedule and now
                 continue
-            st = req.states[seq.seq_index]
-            seq.append_token(token)
-            seq.record_logprob(*logprob)
-            seq.last_token_time = now
-            if seq.first_token_time is None:
-                seq.first_token_time = now
-            st.unreported.append(token)
-            reason = seq.check_stop(self.config.max_model_len)
-            if seq.guide is not None:  # guided: the chosen token advances the guide; complete = "stop"
-                if seq.guide.ends(token):
-                    reason = "stop"
-                elif seq.guide.advance(token, prefetch=reason is None):
-                    reason = "stop"
-            text, stopped = st.stops.push(st.detok.add([token]))
-            if stopped:
-                reason = "stop"
-            elif reason is not None:
-                tail, stopped = st.stops.push(st.detok.flush())
-                text += tail if stopped else tail + st.stops.flush()
-                reason = "stop" if stopped else reason
+            reason = self.scheduler.append_token(st.seq, token, logprob, now, self.config.max_model_len)
+            if st.sampling.guide_finished(token, goes_on=reason is None):
+                reason = "stop"  # the guide is complete (or chose a stop id): guided sequences end here
+            text, reason = st.process(token, reason)
             if reason is not None:
-                self.scheduler.finish(seq, reason)
-                req.unfinished -= 1
-                if req.unfinished == 0:
-                    del self.requests[seq.request_id]
-            out = self._output(req, st, text, seq_finished=reason is not None, reason=reason)
+                self._finish(req, st, reason)
+            out = req.output(st, text, seq_finished=reason is not None, reason=reason)
             if return_logits and row is not None:
-                out.logits = result.logits[row].copy()
+                out.logits = logits[row].copy()
             outputs.append(out)
         return outputs
 
-    def _output(self, req: _Request, st: _RequestState, text: str, seq_finished: bool,
-                reason: str | None = None) -> RequestOutput:
-        """The output of one sequence; `finished` once the request's last sequence has ended. Times
-        and KV block counts are the request's (all of its sequences)."""
-        seq = st.seq
-        ids, st.unreported = st.unreported, []
-        lps, seq.pending_logprobs = seq.pending_logprobs, []
-        seqs = [x.seq for x in req.states]
-        firsts = [x.first_token_time for x in seqs if x.first_token_time is not None]
-        lasts = [x.last_token_time for x in seqs if x.last_token_time is not None]
-        return RequestOutput(
-            request_id=seq.request_id, text=text, token_ids=ids, finished=req.unfinished == 0,
-            finish_reason=reason if seq_finished else None, num_prompt_tokens=seq.num_prompt_tokens,
-            num_output_tokens=seq.num_output_tokens, arrival_time=seq.arrival_time,
-            first_scheduled_time=seqs[0].first_scheduled_time, num_preemptions=seq.num_preemptions,
-            logprobs=lps, cumulative_logprob=seq.cumulative_logprob, sequence_index=seq.seq_index,
-            sequence_finished=seq_finished, first_token_time=min(firsts) if firsts else None,
-            last_token_time=max(lasts) if lasts else None,
-            num_new_blocks=sum(x.num_new_blocks for x in seqs),
-            num_reused_blocks=sum(x.num_reused_blocks for x in seqs))
+    def _finish(self, req: RequestState, st: SequenceState, reason: str) -> None:
+        """A sequence ended: its blocks are freed; the request leaves when its last one has."""
+        self.scheduler.finish(st.seq, reason)
+        req.unfinished -= 1
+        if req.unfinished == 0:
+            del self.requests[st.seq.request_id]

@@ -3,6 +3,8 @@
 Callers submit and abort from any thread; commands reach the engine thread through a queue and
 are applied between steps. Each request's outputs go to the callback given at submission, called
 on the engine thread: callbacks must be quick (the Triton glue only enqueues).
+A request is checked in the caller's thread (LLMEngine.check_request): a bad one raises
+InvalidRequestError from submit, naming the field, and nothing is queued.
 Admission is decided in the caller's thread, at once: the loop counts the requests that are
 admitted, not finished and not running (submitted but not yet applied, plus the scheduler's
 waiting queue as of the last step or command) and submit raises EngineBusyError when that count
@@ -71,24 +73,31 @@ class EngineLoop:
 
     def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                callback: OutputCallback, timeout_s: float | None = None) -> None:
-        """Queue a request; thread-safe, never blocks on the engine.
+        """Check and queue a request; thread-safe, never blocks on the engine.
 
         timeout_s: the caller's deadline in seconds from now (None or 0 = none); see
-        LLMEngine.add_request (the engine's max_request_seconds applies as well).
-        Validation errors arrive through the callback as finish_reason "error" with `error` naming
-        the field, so that the caller has one path for every outcome.
-        Raises EngineDeadError when the engine has failed, and EngineBusyError (nothing queued) when
-        max_num_waiting requests are already waiting."""
+        LLMEngine.add_prepared (the engine's max_request_seconds applies as well).
+        Raises, with nothing queued: EngineDeadError when the engine has failed, EngineBusyError
+        when max_num_waiting requests are already waiting, InvalidRequestError (naming the field)
+        for a bad request. What the engine thread refuses later (a duplicate id, a bad timeout, the
+        engine's own waiting backstop) arrives through the callback as finish_reason "error"."""
         self.raise_if_dead()
+        arrival = time.monotonic()
         limit = self.engine.config.max_num_waiting
         with self._admission:
             waiting = self._queued + self._engine_waiting
             if waiting >= limit:
                 raise EngineBusyError(waiting, limit)
             self._queued += 1
+        try:
+            prepared = self.engine.check_request(prompt_token_ids, params)
+        except BaseException:
+            with self._admission:
+                self._queued -= 1
+            raise
         with self._lock:  # a failure decided under this lock has drained the queue or will see this add
             if self.error is None and not self._stopping:
-                self._commands.put(("add", request_id, prompt_token_ids, params, callback, time.monotonic(), timeout_s))
+                self._commands.put(("add", request_id, prepared, len(prompt_token_ids), callback, arrival, timeout_s))
                 return
         with self._admission:
             self._queued -= 1
@@ -144,16 +153,16 @@ class EngineLoop:
     def _apply(self, cmd) -> None:
         kind = cmd[0]
         if kind == "add":
-            _, rid, ids, params, cb, t, timeout_s = cmd
+            _, rid, prepared, n_prompt, cb, t, timeout_s = cmd
             try:
-                self.engine.add_request(rid, ids, params, arrival_time=t, timeout_s=timeout_s)
-            except (ValueError, EngineBusyError) as e:  # InvalidRequestError included
+                self.engine.add_prepared(rid, prepared, arrival_time=t, timeout_s=timeout_s)
+            except (ValueError, EngineBusyError) as e:
                 busy = isinstance(e, EngineBusyError)
                 self._refresh_waiting(applied_add=True)
                 cb(RequestOutput(request_id=rid, finished=True, finish_reason="error", error=str(e),
                                  error_code="unavailable" if busy else "invalid_arg",
                                  rejected="queue_full" if busy else "invalid",
-                                 num_prompt_tokens=len(ids), arrival_time=t))
+                                 num_prompt_tokens=n_prompt, arrival_time=t))
                 if getattr(e, "field", None) is None:
                     log.warning("request %s rejected: %s", rid, e)
                 return
@@ -257,10 +266,10 @@ class EngineLoop:
                 continue
             with self._admission:
                 self._queued -= 1
-            rid, ids, cb, t = cmd[1], cmd[2], cmd[4], cmd[5]
+            _, rid, _, n_prompt, cb, t, _ = cmd  # submit's ("add", ...) tuple
             try:
                 cb(RequestOutput(request_id=rid, finished=True, finish_reason="error", error=message,
-                                 error_code=error_code, num_prompt_tokens=len(ids), arrival_time=t))
+                                 error_code=error_code, num_prompt_tokens=n_prompt, arrival_time=t))
             except Exception:
                 log.exception("output callback of request %s failed", rid)
 

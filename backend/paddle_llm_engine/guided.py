@@ -4,12 +4,13 @@ a regular expression, a list of choices or a grammar.
 - GuideSpec: what a request asks for (set on SamplingParams.guide by the client contracts).
 - GuidedDecoding: one per engine. Builds the llguidance tokenizer from the model folder's
   tokenizer.json once, lazily, on the first guided request, and a GuideState (an LLMatcher) per
-  sequence when its request is added; a guide that does not compile is an InvalidRequestError
-  naming the request field the guide came from.
+  sequence when its request is checked (LLMEngine.check_request, on the caller's thread: this
+  class is thread-safe); a guide that does not compile is an InvalidRequestError naming the
+  request field the guide came from.
 - GuideState: the sequence's matcher and its next allowed-token mask. The mask is computed on a
   worker thread (llguidance releases the GIL) right after the previous token was consumed, so it
   is built while the engine runs the next model step; the sampler only waits for it and applies
-  it to its row. The engine (LLMEngine._update_from_output) feeds each chosen token back.
+  it to its row. The engine feeds each chosen token back (sampler.SamplingState.guide_finished).
 
 EOS: the sequence's stop ids (EOS unless ignore_eos, and stop_token_ids) are allowed exactly when
 the guide is in an accepting state; the guide's own idea of EOS is replaced by them. When the guide
@@ -136,8 +137,6 @@ class GuideState:
         # the blocked ids (dense); applying it then costs one [V] copy plus min(allowed, blocked)
         self._sparse = True
         self._ids: np.ndarray | None = None
-        self.mask_seconds = 0.0  # worker time spent on masks (for measurements)
-        self.num_masks = 0
         self.prefetch()
 
     def prefetch(self) -> None:
@@ -146,7 +145,6 @@ class GuideState:
         self._future = self._owner.submit(self._compute)
 
     def _compute(self) -> None:
-        t0 = time.perf_counter()
         m = self.matcher
         m.unsafe_compute_mask_ptr(self._bitmask.ctypes.data, self._bitmask.nbytes)
         allowed = np.unpackbits(self._bitmask.view(np.uint8), bitorder="little",
@@ -165,8 +163,6 @@ class GuideState:
             ids = ending
         self._sparse = 2 * ids.size <= allowed.size
         self._ids = ids if self._sparse else np.flatnonzero(~allowed)
-        self.mask_seconds += time.perf_counter() - t0
-        self.num_masks += 1
 
     def _wait(self) -> None:
         if self._future is not None:
@@ -255,8 +251,10 @@ class GuidedDecoding:
             return self._tokenizer
 
     def submit(self, fn) -> Future:
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llm-guided-mask")
+        """Run fn on the mask worker thread (started on first use)."""
+        with self._lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llm-guided-mask")
         return self._executor.submit(fn)
 
     def new_state(self, spec: GuideSpec, stop_ids: list[int]) -> GuideState:
@@ -270,7 +268,3 @@ class GuidedDecoding:
             raise InvalidRequestError(spec.field, f"invalid {spec.kind.replace('_', ' ')}: "
                                                   f"{_first_lines(matcher.get_error())}")
         return GuideState(self, matcher, stop_ids)
-
-    def shutdown(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=False)

@@ -6,26 +6,80 @@ Order of processing (HF `generate` / vLLM): allowed_token_ids mask and logit_bia
 them first) -> min_tokens mask -> repetition, presence and frequency
 penalties -> guided-decoding mask (guided.py; computed off this path) -> temperature -> top-k ->
 top-p -> min-p -> draw. Penalties and the guide also apply to greedy rows.
+
+The engine calls `sample` on the logits its executor returned, with each row's Sequence (its
+tokens so far) and SamplingState (what the request's state derived from its params: generator,
+masks, bias arrays, guide).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
+from paddle_llm_engine.sampling_params import SamplingParams
 from paddle_llm_engine.sequence import Sequence
 
 
-def _suppress_stops(row: np.ndarray, seq: Sequence) -> None:
+@dataclass
+class SamplingState:
+    """What one sequence samples with beyond its params, derived once when its request is added and
+    kept in the request's state (never on the params, which are frozen):
+
+    rng: the sequence's own generator (numpy PCG64 seeded with params.seed + seq_index), None when
+        greedy; suppress_ids: the ids min_tokens masks (stop ids, and EOS unless ignore_eos);
+    bad_words_ids: token sequences that must not be generated (params.bad_words tokenized, plus
+        params.bad_words_ids); bias_ids / bias_values: logit_bias as arrays; allowed:
+        allowed_token_ids as a sorted unique int64 array, or None; guide: the sequence's
+        guided.GuideState, or None."""
+
+    params: SamplingParams
+    rng: np.random.Generator | None
+    suppress_ids: list[int]
+    bad_words_ids: tuple = ()
+    bias_ids: np.ndarray | None = None
+    bias_values: np.ndarray | None = None
+    allowed: np.ndarray | None = None
+    guide: object = None
+
+    @classmethod
+    def create(cls, params: SamplingParams, seq_index: int = 0, eos_token_ids=(), bad_words_ids=(),
+               guide=None) -> "SamplingState":
+        """The state of sequence `seq_index` of a request (sequence i draws with the seed
+        params.seed + i (mod 2^64), so it samples exactly as a request with that seed and n = 1)."""
+        seed = params.seed if params.seed is None or not seq_index else (params.seed + seq_index) % 2**64
+        rng = np.random.Generator(np.random.PCG64(seed)) if not params.greedy else None
+        suppress = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
+        bias = params.logit_bias
+        allowed = params.allowed_token_ids
+        return cls(params=params, rng=rng, suppress_ids=sorted(suppress),
+                   bad_words_ids=tuple(tuple(w) for w in bad_words_ids),
+                   bias_ids=np.fromiter(bias.keys(), dtype=np.int64, count=len(bias)),
+                   bias_values=np.fromiter(bias.values(), dtype=np.float32, count=len(bias)),
+                   allowed=None if allowed is None else np.unique(np.asarray(allowed, np.int64)), guide=guide)
+
+    @property
+    def custom(self) -> bool:
+        """logit_bias or allowed_token_ids change the row before anything else."""
+        return bool(self.bias_ids.size) or self.allowed is not None
+
+    def guide_finished(self, token: int, goes_on: bool) -> bool:
+        """Guided decoding: feed the chosen token to the guide (and, when the sequence goes on,
+        start its next mask). True when the guide ends the sequence ("stop")."""
+        if self.guide is None:
+            return False
+        return self.guide.ends(token) or self.guide.advance(token, prefetch=goes_on)
+
+
+def _suppress_stops(row: np.ndarray, seq: Sequence, st: SamplingState) -> None:
     """Before min_tokens outputs exist, EOS and stop ids cannot be chosen."""
-    if seq.num_output_tokens < seq.params.min_tokens:
-        ids = list(seq.stop_token_ids | (frozenset() if seq.params.ignore_eos else seq.eos_token_ids))
-        if ids:
-            row[ids] = -np.inf
+    if seq.num_output_tokens < st.params.min_tokens and st.suppress_ids:
+        row[st.suppress_ids] = -np.inf
 
 
-def _apply_penalties(row: np.ndarray, seq: Sequence) -> None:
+def _apply_penalties(row: np.ndarray, seq: Sequence, prm: SamplingParams) -> None:
     """In place; formulas in SamplingParams' docstring."""
-    prm = seq.params
     if prm.repetition_penalty != 1.0:
         seen = np.unique(np.asarray(seq.token_ids, dtype=np.int64))
         vals = row[seen]
@@ -37,42 +91,27 @@ def _apply_penalties(row: np.ndarray, seq: Sequence) -> None:
             row[ids] -= prm.presence_penalty + prm.frequency_penalty * counts.astype(row.dtype)
 
 
-def _ban_bad_words(row: np.ndarray, seq: Sequence) -> None:
+def _ban_bad_words(row: np.ndarray, seq: Sequence, st: SamplingState) -> None:
     """Mask the last token of every bad word whose other tokens end the sequence."""
-    for w in seq.params.bad_words_ids:
+    for w in st.bad_words_ids:
         k = len(w) - 1
-        if k == 0 or seq.token_ids[-k:] == w[:-1]:
+        if k == 0 or tuple(seq.token_ids[-k:]) == w[:-1]:
             row[w[-1]] = -np.inf
 
 
-def _bias_arrays(prm) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """(logit_bias ids, biases, allowed ids) as arrays, built on the request's first step and kept on
-    its params: the per-step work is two vectorised index operations."""
-    cached = getattr(prm, "_sampler_arrays", None)
-    if cached is None:
-        ids = np.fromiter(prm.logit_bias.keys(), dtype=np.int64, count=len(prm.logit_bias))
-        vals = np.fromiter(prm.logit_bias.values(), dtype=np.float32, count=len(prm.logit_bias))
-        allowed = None if prm.allowed_token_ids is None else np.unique(np.asarray(prm.allowed_token_ids, np.int64))
-        cached = (ids, vals, allowed)
-        prm._sampler_arrays = cached  # not a dataclass field: equality and repr ignore it
-    return cached
-
-
-def _allow_and_bias(row: np.ndarray, prm) -> None:
+def _allow_and_bias(row: np.ndarray, st: SamplingState) -> None:
     """allowed_token_ids: every other token -> -inf; logit_bias: added to its tokens (in place)."""
-    ids, vals, allowed = _bias_arrays(prm)
-    if allowed is not None:
-        keep = row[allowed]
+    if st.allowed is not None:
+        keep = row[st.allowed]
         row.fill(-np.inf)
-        row[allowed] = keep
-    if ids.size:
-        row[ids] += vals  # ids are unique (dict keys)
+        row[st.allowed] = keep
+    if st.bias_ids.size:
+        row[st.bias_ids] += st.bias_values  # ids are unique (dict keys)
 
 
-def _needs_penalties(seq: Sequence) -> bool:
-    prm = seq.params
+def _needs_penalties(prm: SamplingParams, st: SamplingState) -> bool:
     return (prm.repetition_penalty != 1.0 or prm.presence_penalty != 0.0 or prm.frequency_penalty != 0.0
-            or bool(prm.bad_words_ids))
+            or bool(st.bad_words_ids))
 
 
 def _filtered_probs(row: np.ndarray, temperature: float, top_k: int, top_p: float,
@@ -128,8 +167,10 @@ def token_logprobs(row: np.ndarray, token: int, top_n: int, with_rank: bool = Fa
     return float(x[token] - lse), top
 
 
-def sample(logits: np.ndarray, seqs: list[Sequence]) -> tuple[np.ndarray, list[tuple[float, list[tuple[int, float]]]]]:
-    """logits: [B, V] float32 (row i belongs to seqs[i]; the sequences are only read).
+def sample(logits: np.ndarray, seqs: list[Sequence], states: list[SamplingState]
+           ) -> tuple[np.ndarray, list[tuple[float, list[tuple[int, float]]]]]:
+    """logits: [B, V] float32; row i belongs to seqs[i] (its tokens so far, only read) sampled with
+    states[i] (its generator advances).
 
     Returns (token ids [B] int64, logprobs): logprobs[i] is (the chosen token's logprob under the raw
     model distribution, the top params.logprobs (token id, logprob) alternatives as a TopLogprobs
@@ -137,29 +178,33 @@ def sample(logits: np.ndarray, seqs: list[Sequence]) -> tuple[np.ndarray, list[t
     the request asked for no logprobs (a log-softmax over the vocabulary per row is not free)."""
     out = np.empty(len(seqs), dtype=np.int64)
     logprobs: list[tuple[float, list[tuple[int, float]]]] = []
-    for i, seq in enumerate(seqs):
-        row = logits[i]
-        prm = seq.params
-        custom = bool(prm.logit_bias) or prm.allowed_token_ids is not None
-        if custom or seq.num_output_tokens < prm.min_tokens or _needs_penalties(seq):
-            row = row.copy()
-            if custom:
-                _allow_and_bias(row, prm)
-            _suppress_stops(row, seq)
-            _apply_penalties(row, seq)
-            _ban_bad_words(row, seq)
-        if seq.guide is not None:  # guided decoding: only the tokens the guide allows (mask built ahead)
-            row = seq.guide.apply(row, logits[i])
-        if prm.greedy:
-            out[i] = int(np.argmax(row))
-        else:
-            p = _filtered_probs(row, prm.temperature, prm.top_k, prm.top_p, prm.min_p)
-            cdf = np.cumsum(p)
-            u = seq.rng.random() * cdf[-1]
-            out[i] = min(int(np.searchsorted(cdf, u, side="right")), p.shape[0] - 1)
+    for i, (seq, st) in enumerate(zip(seqs, states)):
+        out[i] = _draw(logits[i], seq, st)
+        prm = st.params
         if prm.logprobs is not None or prm.compute_logprobs:
             logprobs.append(token_logprobs(logits[i], int(out[i]), prm.logprobs or 0,
                                            with_rank=prm.logprobs is not None))
         else:
             logprobs.append((0.0, []))
     return out, logprobs
+
+
+def _draw(raw: np.ndarray, seq: Sequence, st: SamplingState) -> int:
+    """One row's token: the row processed in the module docstring's order, then argmax or a draw."""
+    prm = st.params
+    row = raw
+    if st.custom or seq.num_output_tokens < prm.min_tokens or _needs_penalties(prm, st):
+        row = raw.copy()
+        if st.custom:
+            _allow_and_bias(row, st)
+        _suppress_stops(row, seq, st)
+        _apply_penalties(row, seq, prm)
+        _ban_bad_words(row, seq, st)
+    if st.guide is not None:  # guided decoding: only the tokens the guide allows (mask built ahead)
+        row = st.guide.apply(row, raw)
+    if prm.greedy:
+        return int(np.argmax(row))
+    p = _filtered_probs(row, prm.temperature, prm.top_k, prm.top_p, prm.min_p)
+    cdf = np.cumsum(p)
+    u = st.rng.random() * cdf[-1]
+    return min(int(np.searchsorted(cdf, u, side="right")), p.shape[0] - 1)

@@ -1,7 +1,10 @@
-"""Per-request sampling and stopping parameters, validated on arrival."""
+"""Per-request sampling and stopping parameters, validated on arrival (LLMEngine.check_request),
+and the length rules every entry point shares (check_prompt_length, check_lengths)."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -25,9 +28,27 @@ def check_prompt_length(num_prompt_tokens: int, max_model_len: int) -> None:
                                                 f"which leaves no room for output (at most {limit - 1})")
 
 
+def check_lengths(num_prompt_tokens: int, max_tokens: int | None, max_model_len: int) -> int:
+    """The resolved max_tokens of a prompt of num_prompt_tokens (after truncation): max_tokens, or
+    max_model_len - prompt when None. Raises InvalidRequestError naming text_input when the prompt
+    leaves no room for output (check_prompt_length), max_tokens when prompt + max_tokens exceeds
+    max_model_len."""
+    check_prompt_length(num_prompt_tokens, max_model_len)
+    resolved = max_tokens if max_tokens is not None else max_model_len - num_prompt_tokens
+    if num_prompt_tokens + resolved > max_model_len:
+        raise InvalidRequestError("max_tokens", f"prompt ({num_prompt_tokens} tokens) + max_tokens ({resolved}) "
+                                                f"exceeds max_model_len ({max_model_len})")
+    return resolved
+
+
 @dataclass
 class SamplingParams:
     """How one request samples and when it stops. All values are per request.
+
+    A caller builds and may change its SamplingParams until it submits them; the engine keeps a
+    frozen copy of what it accepted (frozen(); setting a field of it raises
+    dataclasses.FrozenInstanceError), and what the engine derives from them (the bad words'
+    token ids, the bias arrays, each sequence's generator) lives in the request's state.
 
     temperature: >= 0; 0 means greedy (argmax). Default 1.0.
     top_k: 0 (or -1) disables; otherwise keep the k most likely tokens.
@@ -48,9 +69,10 @@ class SamplingParams:
     presence_penalty, frequency_penalty: in [-2, 2]; logit -= presence * [count > 0] +
         frequency * count over output tokens (OpenAI API definition).
     bad_words: words that must not be generated; tokenized by the engine (as given, no added
-        space) into bad_words_ids. A word's last token is masked whenever the sequence so far
-        (prompt and output) ends with its other tokens; a one-token word is always masked
-        (TensorRT-LLM / HF NoBadWordsLogitsProcessor semantics).
+        space). A word's last token is masked whenever the sequence so far (prompt and output)
+        ends with its other tokens; a one-token word is always masked (TensorRT-LLM / HF
+        NoBadWordsLogitsProcessor semantics).
+    bad_words_ids: bad words given as token ids (same rule), in addition to bad_words.
     logprobs: None, or 0..20 alternatives to report with each token's log-probability.
     compute_logprobs: compute the chosen token's logprob (and the cumulative one) even when
         logprobs is None; otherwise they are reported as 0.0 without the per-row log-softmax.
@@ -64,7 +86,7 @@ class SamplingParams:
     logit_bias: {token id: bias} added to the logits before any other processing (vLLM / OpenAI).
     allowed_token_ids: None, or the only token ids that may be generated (others are masked first).
     truncate_prompt_tokens: None, k >= 1 (keep the prompt's last k tokens) or -1 (keep the last
-        max_model_len - 1, so one token can still be generated); applied by add_request.
+        max_model_len - 1, so one token can still be generated); applied by LLMEngine.check_request.
     """
 
     temperature: float = 1.0
@@ -84,15 +106,29 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logprobs: int | None = None
-    compute_logprobs: bool = False  # set by the serving glue when the client wants logprob values
+    compute_logprobs: bool = False
     bad_words: list[str] = field(default_factory=list)
-    bad_words_ids: list[list[int]] = field(default_factory=list)  # filled by the engine's tokenizer
+    bad_words_ids: list[list[int]] = field(default_factory=list)
     guide: GuideSpec | None = None
     include_stop_str_in_output: bool = False
     spaces_between_special_tokens: bool = True
     logit_bias: dict[int, float] = field(default_factory=dict)
     allowed_token_ids: list[int] | None = None
     truncate_prompt_tokens: int | None = None
+
+    def __setattr__(self, name, value):
+        if self.__dict__.get("_frozen"):
+            raise dataclasses.FrozenInstanceError(
+                f"cannot set {name}: these SamplingParams belong to a request the engine accepted "
+                f"(change a copy: dataclasses.replace)")
+        object.__setattr__(self, name, value)
+
+    def frozen(self) -> "SamplingParams":
+        """A deep copy that can no longer change (the engine's copy of an accepted request's
+        params); dataclasses.replace of it gives a new, changeable one."""
+        c = copy.deepcopy(self)
+        c.__dict__["_frozen"] = True
+        return c
 
     @property
     def greedy(self) -> bool:

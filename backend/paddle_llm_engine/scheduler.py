@@ -11,6 +11,12 @@ While any running sequence decodes, the prompt tokens of a step (both kinds abov
 `prefill_chunk_size`: a wave of arriving prompts is spread over several steps instead of stalling
 every running stream for the whole wave's prefill.
 A step therefore mixes prefills and decodes. The scheduler never touches tensors.
+
+After a step, the token state changes here too (the engine calls these in LLMEngine's
+_update_from_output): computed tokens advance and full blocks join the prefix cache (advance),
+sequences of an n > 1 request fork from their first sibling (fork), each sampled token is
+appended with its logprob and checked against EOS, stop ids and the length limits (append_token),
+and a finished sequence leaves the queues with its blocks freed (finish).
 """
 
 from __future__ import annotations
@@ -25,11 +31,10 @@ from paddle_llm_engine.sequence import Sequence, SequenceStatus
 
 @dataclass
 class ScheduledSeq:
+    """One scheduling decision: compute num_new_tokens tokens of `seq` from seq.num_computed_tokens on."""
+
     seq: Sequence
-    num_new_tokens: int  # tokens computed this step, from seq.num_computed_tokens on
-    # sequences of the same request (n > 1) that are forked from `seq` when this step samples its
-    # first token: each samples its own first token from the same logits row (set by the engine)
-    forks: list = field(default_factory=list)
+    num_new_tokens: int
 
     @property
     def samples(self) -> bool:
@@ -41,7 +46,7 @@ class ScheduledSeq:
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
-    # copy-on-write KV block copies (src, dst) the runner makes before this step's writes
+    # copy-on-write KV block copies (src, dst) the worker makes before this step's writes
     copies: list[tuple[int, int]] = field(default_factory=list)
 
     @property
@@ -138,6 +143,32 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
         out.preempted.append(seq)
+
+    # -- after a step ----------------------------------------------------------------------------
+    def advance(self, scheduled: list[ScheduledSeq]) -> None:
+        """The step computed its tokens: their K/V are in the cache, full blocks become reusable."""
+        for s in scheduled:
+            s.seq.num_computed_tokens += s.num_new_tokens
+            self.blocks.commit_full_blocks(s.seq)
+
+    def fork(self, parent: Sequence, children: list[Sequence]) -> None:
+        """Sequences of parent's request (n > 1) join the running queue sharing its KV blocks (its
+        prompt is computed; they sample their first tokens from its logits row)."""
+        for c in children:
+            self.blocks.fork(parent, c)
+            c.first_scheduled_time = parent.first_scheduled_time
+            self.add_running(c)
+
+    def append_token(self, seq: Sequence, token: int, logprob: tuple, now: float, max_model_len: int) -> str | None:
+        """Append a sampled token (logprob: (its logprob, top alternatives); now: time.monotonic()
+        seconds). Returns the finish reason the token state gives ("stop": EOS or a stop id,
+        "length": max_tokens or max_model_len), or None to go on; the caller finishes the sequence."""
+        seq.append_token(token)
+        seq.record_logprob(*logprob)
+        seq.last_token_time = now
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+        return seq.check_stop(max_model_len)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """Mark finished and free its blocks at once (normal end, stop string or abort)."""

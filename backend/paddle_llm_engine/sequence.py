@@ -1,11 +1,11 @@
-"""A sequence: one request's tokens, its place in the scheduler and its KV block table."""
+"""A sequence: one request's tokens, its place in the scheduler and its KV block table (token state:
+what the scheduler and the finishing rules read; sampling and output state live in the request's
+state, request_state.py)."""
 
 from __future__ import annotations
 
 import enum
 import time
-
-import numpy as np
 
 from paddle_llm_engine.sampling_params import SamplingParams
 
@@ -24,9 +24,10 @@ class Sequence:
         token_ids[num_computed_tokens : num_computed_tokens + n]; when that reaches the last token,
         the step samples the next one. Preemption (recompute) resets it to 0.
     block_table: KV block ids; token at position p is in block_table[p // block_size].
-    rng: the request's own generator (numpy PCG64), so sampling never depends on batch mates.
-    seq_index: which of the request's params.n sequences this is; sequence i draws with the seed
-        params.seed + i (mod 2^64), so it samples exactly as a request with that seed and n = 1.
+    seq_index: which of the request's params.n sequences this is (its sampling state draws with
+        the seed params.seed + seq_index).
+    params: the request's (frozen) SamplingParams; max_tokens and eos_token_ids: as the engine
+        resolved them for the request.
     num_new_blocks / num_reused_blocks: KV blocks this sequence took fresh (copies on write
         included) / found in the prefix cache, over its life (request perf metrics).
     """
@@ -56,9 +57,6 @@ class Sequence:
         self.num_reused_blocks = 0
         self.cumulative_logprob = 0.0
         self.pending_logprobs: list[tuple[float, list[tuple[int, float]]]] = []  # not yet reported
-        seed = params.seed if params.seed is None or not seq_index else (params.seed + seq_index) % 2**64
-        self.rng = np.random.Generator(np.random.PCG64(seed)) if not params.greedy else None
-        self.guide = None  # guided decoding: the engine sets a guided.GuideState when params.guide is set
 
     @property
     def num_tokens(self) -> int:
@@ -85,7 +83,7 @@ class Sequence:
         self.token_ids.append(int(token_id))
 
     def record_logprob(self, logprob: float, top: list[tuple[int, float]]) -> None:
-        """Called by the engine (LLMEngine._update_from_output) with the sampled token's logprob."""
+        """The sampled token's logprob and top alternatives (the scheduler's Scheduler.append_token)."""
         self.cumulative_logprob += logprob
         self.pending_logprobs.append((logprob, top))
 

@@ -259,23 +259,29 @@ class EnsemblePipeline:
             except Exception:
                 pass
         finally:
-            if f.stream is not None:
-                f.stream.close()
-            f.ended = True
-            with self._lock:
-                self._flights.pop(f.inner_id, None)
-            with client.lock:
-                client.live_flights -= 1
-                last = client.live_flights == 0
-            if last:
-                try:
-                    client.send(None, final=True)  # no-op when the final response is out
-                except Exception:  # the client is gone
-                    pass
-            if client.cancelled:
-                log.info("%s: request %r cancelled by the client; engine request %s ended %.2f s after the "
-                         "abort", self.name, client.client_id, f.inner_id,
-                         time.monotonic() - (f.first_stop_at or time.monotonic()))
+            self._end_flight(f)
+
+    def _end_flight(self, f: Flight) -> None:
+        """A row's engine request is over: close its stream, forget it, and send the client's final
+        response when it was the client's last row."""
+        client = f.client
+        if f.stream is not None:
+            f.stream.close()
+        f.ended = True
+        with self._lock:
+            self._flights.pop(f.inner_id, None)
+        with client.lock:
+            client.live_flights -= 1
+            last = client.live_flights == 0
+        if last:
+            try:
+                client.send(None, final=True)  # no-op when the final response is out
+            except Exception:  # the client is gone
+                pass
+        if client.cancelled:
+            log.info("%s: request %r cancelled by the client; engine request %s ended %.2f s after the "
+                     "abort", self.name, client.client_id, f.inner_id,
+                     time.monotonic() - (f.first_stop_at or time.monotonic()))
 
     def _extra_outputs(self, r: Row, frame: dict, batched: bool) -> list:
         """TensorRT-LLM's optional outputs, each [1, 1]: batch_index (B > 1), sequence_index (n > 1),

@@ -93,6 +93,9 @@ class EnsembleStepHandler:
         try:
             self.loop.submit(rid, prompt_ids, params, lambda out: self._on_output(step, out),
                              timeout_s=float(timeout_s) if timeout_s else None)
+        except InvalidRequestError as e:  # the engine's rules (LLMEngine.check_request): the request's error frame
+            self._on_rejected("invalid")
+            emit(protocol.error_frame("invalid_arg", str(e)), True)
         except EngineBusyError as e:
             self._on_rejected("queue_full")
             raise RefusedRequest(str(e), "unavailable") from None

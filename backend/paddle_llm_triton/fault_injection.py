@@ -3,7 +3,7 @@
 Installed by the `llm` model only when its config.pbtxt parameter `fault_inject_after_steps` is
 N > 0 (the shipped config leaves it unset, which is 0 = off): once the engine has run N steps,
 every further step raises InjectedFault. The engine loop then fails the requests in flight and
-stops (engine_loop.py), exactly as for a real failure of the runner.
+stops (engine_loop.py), exactly as for a real failure of the model step.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A Triton request's timeout -> the engine's per-request timeout (LLMEngine.add_request timeout_s).
+"""A Triton request's timeout -> the engine's per-request timeout (timeout_s of EngineLoop.submit).
 
 Where Triton 2.51 puts a client's timeout (measured with a probe model): tritonclient gRPC
 `async_stream_infer(..., timeout=N)` / `infer(..., timeout=N)` and HTTP `/infer` with

@@ -15,15 +15,12 @@ response. The sweep runs on its own clock, not per output: is_cancelled() is an 
 the server, never made per token. What the sweep can see is what Triton reports: 2.51's HTTP
 endpoints report a dropped connection only once a response of the request has been written (README
 "Cancellation").
-vLLM-backend output semantics: intermediate responses carry finish_reason "None" (str(None), as
-vLLM's), logprob entries always carry "rank", `logprobs` is JSON null when return_logprobs is set
-but the request asked for no `logprobs`, and decoded_token follows skip_special_tokens like
-text_output does.
+What a response holds is the request kind's (vllm_request.ResponseOptions.response): this thread
+only decides when to send, sends, and watches for cancellation.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import threading
@@ -31,28 +28,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-import numpy as np
-
 from paddle_llm_engine.outputs import RequestOutput
-from paddle_llm_triton.delta_buffer import Flush, SequenceBuffers
+from paddle_llm_triton.delta_buffer import SequenceBuffers
 from paddle_llm_triton.errors import triton_code
+from paddle_llm_triton.vllm_request import ResponseOptions
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class ResponseOptions:
-    """What the client asked to get back (vLLM backend flag names)."""
-
-    stream: bool = False
-    prompt_text: str | None = None          # prepended to the output when exclude_input_in_output is False
-    return_finish_reason: bool = False
-    return_num_input_tokens: bool = False
-    return_num_output_tokens: bool = False
-    return_logprobs: bool = False
-    logprobs_null: bool = False             # return_logprobs without `logprobs` asked: JSON null (vLLM)
-    skip_special_tokens: bool = True        # how decoded_token renders special tokens (as text_output)
-    return_cumulative_logprob: bool = False
 
 
 @dataclass
@@ -90,6 +71,7 @@ class Responder:
         self._thread.start()
 
     def register(self, request_id: str, sender, opts: ResponseOptions) -> None:
+        """Track a request submitted to the engine: its Triton response sender and what it asked back."""
         with self._lock:
             self._live[request_id] = _Pending(sender, opts, SequenceBuffers(opts.stream, opts.prompt_text))
 
@@ -171,7 +153,7 @@ class Responder:
             return
         flush = p.buffers.add(out)
         if flush is not None:
-            self._send(p, self._build(p, flush, out), final=out.finished)
+            self._send(p, p.opts.response(flush, out, self._decode_token), final=out.finished)
 
     def _send(self, p: _Pending, resp, final: bool) -> None:
         import triton_python_backend_utils as pb_utils
@@ -183,40 +165,3 @@ class Responder:
         finally:
             self.send_started = None
         p.sent_any = True
-
-    def _logprob_entries(self, flush: Flush, o: ResponseOptions) -> list[dict]:
-        """Per token {token id: {"logprob", "rank", "decoded_token"}}: the sampled token first, with its
-        rank in the vocabulary (the sampler's), then the top alternatives ranked 1..logprobs."""
-        skip = o.skip_special_tokens
-        entries = []
-        for tok, (lp, top) in zip(flush.ids, flush.logprobs):
-            mine = {"logprob": lp, "rank": getattr(top, "rank", None), "decoded_token": self._decode_token(tok, skip)}
-            d = {str(tok): mine}
-            for rank, (alt, alp) in enumerate(top, 1):
-                if alt == tok:
-                    if mine["rank"] is None:
-                        mine["rank"] = rank
-                    continue
-                d[str(alt)] = {"logprob": alp, "rank": rank, "decoded_token": self._decode_token(alt, skip)}
-            entries.append(d)
-        return entries
-
-    def _build(self, p: _Pending, flush: Flush, out: RequestOutput):
-        import triton_python_backend_utils as pb_utils
-
-        o = p.opts
-        tensors = [pb_utils.Tensor("text_output", np.array([flush.text.encode("utf-8")], dtype=np.object_))]
-        if o.return_finish_reason:
-            reason = out.finish_reason if out.sequence_finished else "None"  # vLLM: str(None) until the end
-            tensors.append(pb_utils.Tensor("finish_reason", np.array([reason.encode()], dtype=np.object_)))
-        if o.return_num_input_tokens:
-            tensors.append(pb_utils.Tensor("num_input_tokens", np.array([out.num_prompt_tokens], dtype=np.uint32)))
-        if o.return_num_output_tokens:
-            n = out.num_output_tokens if not o.stream else len(flush.ids)
-            tensors.append(pb_utils.Tensor("num_output_tokens", np.array([n], dtype=np.uint32)))
-        if o.return_cumulative_logprob:
-            tensors.append(pb_utils.Tensor("cumulative_logprob", np.array([out.cumulative_logprob], dtype=np.float32)))
-        if o.return_logprobs:
-            body = b"null" if o.logprobs_null else json.dumps(self._logprob_entries(flush, o)).encode()
-            tensors.append(pb_utils.Tensor("logprobs", np.array([body], dtype=np.object_)))
-        return pb_utils.InferenceResponse(output_tensors=tensors)

@@ -1,4 +1,4 @@
-"""Per-step tensor ops of the model runner, written in Paddle so they run on every place.
+"""Per-step tensor ops of the engine's workers, written in Paddle so they run on every place.
 
 Each op calls Paddle APIs, so it runs where Paddle has kernels for the tensor's place: on a GCU host
 the paddle-custom-gcu plug-in registers them for the "gcu" place. Optional fused kernels (Paddle's

@@ -30,7 +30,6 @@ import paddle.nn.functional as F
 
 # Rows per block of the GCU kernel (FastDeploy's GCU MoE config BLOCK_SIZE_M).
 BLOCK_M = 32
-FUSED_GCU_OPS = ("moe_align_block_size_gcu", "fused_moe_kernel_gcu")
 
 
 def _tensor(a: np.ndarray, dtype: str) -> paddle.Tensor:

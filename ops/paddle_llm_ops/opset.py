@@ -1,7 +1,7 @@
 """The set of kernels one engine's model calls, chosen once at start by the platform layer.
 
 The model never decides which kernel to run: it calls `ops.rms_norm(...)`, `ops.make_linear(...)`,
-`ops.qkv_rotary_write(...)` and so on, and the runner builds the OpSet from the platform plan
+`ops.qkv_rotary_write(...)` and so on, and the worker builds the OpSet from the platform plan
 (paddle_llm_engine.platforms). Two families of kernels fill it:
 - composed: Paddle ops (plus Paddle's fused RMSNorm / the GCU plug-in's fused MoE where the
   platform layer verified them), on every place;
@@ -53,7 +53,7 @@ class OpSet:
     qkv_rotary_write(qkv [T, (nh+2kvh)d], rot, k_cache, v_cache, slot_mapping [T], nh, kvh, d,
         q_norm, k_norm, eps) -> q [T, nh, d] rotated (k rotated and v written into the caches);
     decode_attention(q [B, nh, d], k_cache, v_cache, meta, scale) -> [B, nh*d] (meta: the step's
-        AttentionMetadata; decode_metadata says which of its fields the runner must fill:
+        AttentionMetadata; decode_metadata says which of its fields the worker must fill:
         "slots" (decode_slots, decode_mask) or "block_tables" (decode_block_tables, decode_context_lens));
     prefill_attention as in paged_attention.py; write_kv as in kv_cache.py;
     moe_experts: the mixture-of-experts expert kernel (moe.MoEKernel);

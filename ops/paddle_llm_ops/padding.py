@@ -1,4 +1,4 @@
-"""Padding removal bookkeeping: the runner packs the tokens of all sequences into one [T, H] row
+"""Padding removal bookkeeping: the worker packs the tokens of all sequences into one [T, H] row
 block (no padding); after the model, only the last token of each sampled sequence needs logits."""
 
 import paddle

@@ -201,7 +201,7 @@ def _tp_workers(s: SupervisedServer) -> list[int]:
             ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, ValueError, IndexError):
             continue
-        if ppid == stub and b"paddle_llm_engine.tp.worker" in cmd:
+        if ppid == stub and b"paddle_llm_engine.executor.tp_worker" in cmd:
             found.append(int(entry))
     return sorted(found)
 

@@ -10,7 +10,7 @@ Actions (spec["action"]):
 - resolve: paddle_llm_engine's device resolution for each [device, device_id] of spec["cases"].
 - generate: an engine (spec["engine"] = EngineConfig kwargs) generates greedy tokens for
   spec["prompts"] (token id lists) or spec["text_prompts"] (strings) with spec["max_tokens"]
-  each; reports tokens, texts, the runner class, the device, KV blocks, bytes per block, and the
+  each; reports tokens, texts, the worker's platform class, the device, KV blocks, bytes per block, and the
   device memory just before the KV cache was made.
 - start: only builds the engine (start-up errors are the point).
 A failure is reported as {"error": {"type", "message"}} (the traceback goes to stderr).
@@ -105,13 +105,13 @@ def resolve(spec: dict) -> dict:
 
 
 def _record_kv_allocation(record: dict):
-    """Wrap the runner's KV allocation to read device memory just before it (the weights are loaded
+    """Wrap the worker's KV allocation to read device memory just before it (the weights are loaded
     by then): paddle's memory_reserved and the plug-in's own count."""
     import paddle
 
-    from paddle_llm_engine.runner import base
+    from paddle_llm_engine.worker.worker import Worker
 
-    orig = getattr(base.ModelRunnerBase, "_allocate_kv_cache", None)
+    orig = getattr(Worker, "_allocate_kv_cache", None)
     if orig is None:
         return
     lib = _plugin_lib()
@@ -123,7 +123,7 @@ def _record_kv_allocation(record: dict):
             record["plugin_used_before_kv"] = int(lib.standin_gcu_used_bytes(dev_id)) if lib else None
         return orig(self, *a, **kw)
 
-    base.ModelRunnerBase._allocate_kv_cache = wrapped
+    Worker._allocate_kv_cache = wrapped
 
 
 def _engine(spec: dict, record: dict):
@@ -137,13 +137,13 @@ def _engine(spec: dict, record: dict):
 
 
 def _engine_facts(engine, record: dict) -> dict:
-    r = engine.runner
+    r = engine.executor.worker
     kv = getattr(r, "kv_caches", None)
     kv_dtype = None
     if kv:
         first = kv[0][0] if isinstance(kv[0], (tuple, list)) else kv[0]
         kv_dtype = str(first.dtype).replace("paddle.", "")
-    facts = {"device": engine.device, "runner_class": type(r).__name__, "num_kv_blocks": int(r.num_kv_blocks),
+    facts = {"device": engine.device, "platform_class": type(r.platform).__name__, "num_kv_blocks": int(r.num_kv_blocks),
              "kv_bytes_per_block": int(r.kv_bytes_per_block()), "kv_dtype": kv_dtype,
              "block_size": int(engine.config.block_size), **record}
     lib = _plugin_lib()

@@ -109,8 +109,8 @@ def test_engine_on_gcu_gives_cpu_greedy_tokens(child, standin_plugin_dir, standi
     gcu = child({**spec, "engine": engine_kwargs(gcu_tiny_model_dir, device="auto")},
                 standin_plugin_dir, standin_package)
     g = gcu.ok()
-    assert cpu["device"] == "cpu" and cpu["runner_class"] == "CPUModelRunner"
-    assert g["device"] == "gcu:0" and g["runner_class"] == "GCUModelRunner"
+    assert cpu["device"] == "cpu" and cpu["platform_class"] == "CpuPlatform"
+    assert g["device"] == "gcu:0" and g["platform_class"] == "GcuPlatform"
     assert all(len(t) == 12 for t in cpu["tokens"])
     assert g["tokens"] == cpu["tokens"]
     assert g["texts"] == cpu["texts"]
@@ -132,10 +132,10 @@ def test_kv_blocks_from_memory_fraction_of_the_reported_total(child, standin_plu
                                                             num_kv_blocks=0, kv_cache_memory_fraction=frac)},
                 standin_plugin_dir, standin_package, env={"STANDIN_GCU_TOTAL_MEMORY_MB": total_mb})
     r = run.ok()
-    assert r["device"] == f"gcu:{device_id}" and r["runner_class"] == "GCUModelRunner"
+    assert r["device"] == f"gcu:{device_id}" and r["platform_class"] == "GcuPlatform"
     bpb = kv_bytes_per_block(gcu_tiny_model_dir)
     assert r["kv_dtype"] == "float32" and r["kv_bytes_per_block"] == bpb
-    assert "reserved_before_kv" in r, "gcu_child could not hook ModelRunnerBase._allocate_kv_cache (renamed?)"
+    assert "reserved_before_kv" in r, "gcu_child could not hook Worker._allocate_kv_cache (renamed?)"
     reserved = r["reserved_before_kv"]  # read on the device just before the KV cache was allocated
     assert reserved == r["plugin_used_before_kv"]  # Paddle's count is the plug-in's count
     assert weight_bytes(gcu_tiny_model_dir) <= reserved < weight_bytes(gcu_tiny_model_dir) + 16 * MIB

@@ -29,7 +29,7 @@ def test_moe_on_gcu_runs_the_composed_experts_and_gives_hf_tokens(child, standin
     cpu = child({**spec, "engine": engine_kwargs(model_dir, device="cpu")}, None).ok()
     gcu = child({**spec, "engine": engine_kwargs(model_dir, device="auto")}, standin_plugin_dir, standin_package)
     g = gcu.ok()
-    assert g["device"] == "gcu:0" and g["runner_class"] == "GCUModelRunner"
+    assert g["device"] == "gcu:0" and g["platform_class"] == "GcuPlatform"
     assert ("fused_moe: off, the gcu plug-in registers no moe_align_block_size_gcu, fused_moe_kernel_gcu"
             in gcu.stderr)
     assert g["tokens"] == cpu["tokens"] == [ref["output_ids"][i, :8].tolist() for i in range(len(prompts))]

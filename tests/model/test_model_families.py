@@ -135,8 +135,8 @@ def test_mixed_prefill_and_decode(family, kernels):
     """With the kernels this host chose, and with the composed ones an AVX2-only host runs."""
     name, model_dir, ref = family
     engine = make_engine(model_dir, kernels=kernels)
-    plan = engine.runner.plan
-    assert dict(engine.runner.ops.names)["rms_norm"] == (
+    plan = engine.executor.plan
+    assert dict(engine.executor.worker.ops.names)["rms_norm"] == (
         f"cpu_{plan.cpu_isa}" if plan.cpu_isa else "fused" if plan.kernels["fused_rms_norm"] else "composed")
     if kernels == "composed":
         assert plan.cpu_isa is None and not plan.kernels["fused_rms_norm"]

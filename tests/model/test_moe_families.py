@@ -36,7 +36,7 @@ def _record_expert_counts(engine) -> list[np.ndarray]:
         return COMPOSED_MOE.run(x, ids, weights, experts)
 
     recording = MoEKernel("recording", COMPOSED_MOE.pack, run)
-    blocks = [layer.mlp for layer in engine.runner.model.layers if isinstance(layer.mlp, SparseMoeBlock)]
+    blocks = [layer.mlp for layer in engine.executor.worker.model.layers if isinstance(layer.mlp, SparseMoeBlock)]
     assert blocks, "no MoE layer"
     for b in blocks:
         b.ops = dataclasses.replace(b.ops, moe_experts=recording)
@@ -48,14 +48,14 @@ def test_idle_experts_in_prefill_and_decode(tmp_path, name):
     ref = load_fixture(name)
     engine = make_engine(str(tc.make_checkpoint(name, tmp_path)))
     counts = _record_expert_counts(engine)
-    n_moe = len(engine.runner.model.cfg.moe.layers)
+    n_moe = len(engine.executor.worker.model.cfg.moe.layers)
     tokens, rows = {}, {}
     engine.add_request("p0", ref["prompts"][0], greedy(ref["output_ids"].shape[1]))
     step(engine, tokens, rows)  # the 3-token prefill
     prefill = counts[:n_moe]
     drain(engine, tokens, rows)
     assert all((c == 0).any() for c in counts), "every step should leave some of the 8 experts idle"
-    assert all(c.sum() == 3 * engine.runner.model.cfg.moe.top_k for c in prefill)
+    assert all(c.sum() == 3 * engine.executor.worker.model.cfg.moe.top_k for c in prefill)
     assert tokens["p0"] == ref["output_ids"][0].tolist()
     assert float(np.abs(np.stack(rows["p0"]) - ref["logits"][0]).max()) < LOGIT_ATOL
 

@@ -191,13 +191,13 @@ KERNEL_SETTINGS = ["auto", "composed"] + (["fused_rms_norm"] if host_cpu().has("
 @pytest.mark.parametrize("kernels", KERNEL_SETTINGS)
 def test_greedy_matches_hf_with_chunked_prefill(ref, smollm2_dir, kernels):
     eng = make_engine(smollm2_dir, max_num_batched_tokens=64, max_num_seqs=8, kernels=kernels)
-    names = dict(eng.runner.ops.names)
+    names = dict(eng.executor.worker.ops.names)
     if kernels == "composed":
         assert names["rms_norm"] == "composed" and names["linear"] == "composed"
     elif kernels == "fused_rms_norm":
         assert names["rms_norm"] == "fused" and names["linear"] == "composed"
-    elif eng.runner.plan.cpu_isa:
-        assert names["linear"] == f"cpu_gemv_{eng.runner.plan.cpu_isa}"
+    elif eng.executor.plan.cpu_isa:
+        assert names["linear"] == f"cpu_gemv_{eng.executor.plan.cpu_isa}"
     col = Collector()
     for i, p in enumerate(ref["prompts"]):
         eng.add_request(f"p{i}", p, greedy(24))

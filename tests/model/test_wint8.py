@@ -56,7 +56,7 @@ def runs(smollm2_dir):
 
 def test_wint8_accuracy_against_fp32(runs):
     (e32, t32, l32), (e8, t8, l8) = runs
-    assert dict(e8.runner.ops.names)["linear"].startswith("cpu_int8_")
+    assert dict(e8.executor.worker.ops.names)["linear"].startswith("cpu_int8_")
     std = float(np.std(np.stack([l32[k][0] for k in l32])))
     prefill = max(float(np.abs(l32[k][0] - l8[k][0]).max()) for k in l32)
     first = [next((i for i, (a, b) in enumerate(zip(t32[k], t8[k])) if a != b), N_TOKENS) for k in t32]
@@ -69,6 +69,6 @@ def test_wint8_accuracy_against_fp32(runs):
 
 def test_wint8_weights_take_a_quarter_of_the_memory(runs):
     (e32, _, _), (e8, _, _) = runs
-    ratio = _linear_bytes(e8.runner.model) / _linear_bytes(e32.runner.model)
+    ratio = _linear_bytes(e8.executor.worker.model) / _linear_bytes(e32.executor.worker.model)
     print(f"wint8 linear weight bytes / fp32: {ratio:.3f}")
     assert 0.25 < ratio < 0.27

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 STUB_NAME = "triton_python_backend_stub"
-TP_WORKER_MODULE = "paddle_llm_engine.tp.worker"
+TP_WORKER_MODULE = "paddle_llm_engine.executor.tp_worker"
 _STUB_INSTANCE_ARG = 8  # stub argv: stub model.py region shm_size shm_grow ppid backend_dir timeout INSTANCE ...
 
 

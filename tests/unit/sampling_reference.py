@@ -9,15 +9,27 @@ from collections import Counter
 
 import numpy as np
 
+from paddle_llm_engine.sampler import SamplingState
 from paddle_llm_engine.sampler import sample as sample_step
 from paddle_llm_engine.sampling_params import SamplingParams
 from paddle_llm_engine.sequence import Sequence
 
 
+def sampling_state(seq: Sequence) -> SamplingState:
+    """The sequence's sampling state as the engine's request state derives it, made once per
+    sequence object (so that its generator advances across calls, as in the engine)."""
+    st = seq.__dict__.get("_test_sampling_state")
+    if st is None:
+        prm = seq.params
+        st = SamplingState.create(prm, seq.seq_index, seq.eos_token_ids, prm.bad_words_ids)
+        seq.__dict__["_test_sampling_state"] = st
+    return st
+
+
 def sample(logits, seqs):
     """The sampler's token ids; each row's logprob is recorded on its sequence as the engine does
     when it applies a step's result."""
-    tokens, logprobs = sample_step(logits, seqs)
+    tokens, logprobs = sample_step(logits, seqs, [sampling_state(s) for s in seqs])
     for seq, lp in zip(seqs, logprobs):
         seq.record_logprob(*lp)
     return tokens
@@ -85,8 +97,9 @@ def ref_distribution(x: np.ndarray, temperature: float = 1.0, top_k: int = 0, to
             mass += p[i]
         p = np.where(keep, p, 0.0)
         p /= p.sum()
-    if min_p > 0.0:
-        p = np.where(p >= min_p * p.max(), p, 0.0)
+    if min_p > 0.0:  # element by element, like top-p above: no code shared with the sampler
+        floor = min_p * max(p)
+        p = np.array([q if q >= floor else 0.0 for q in p], dtype=np.float64)
         p /= p.sum()
     return p
 

@@ -11,7 +11,7 @@ import types
 
 import pytest
 
-from paddle_llm_engine import LLM, EngineBusyError, EngineConfig, EngineLoop, ModelConfig
+from paddle_llm_engine import LLM, EngineBusyError, EngineConfig, EngineLoop, InvalidRequestError, ModelConfig
 from paddle_llm_engine.outputs import EngineStats
 from test_engine_tiny import greedy, make_engine, prompt
 
@@ -110,7 +110,10 @@ class _BusyEngine:
     num_waiting = 0
     requests: dict = {}
 
-    def add_request(self, rid, ids, params, arrival_time=None, timeout_s=None):
+    def check_request(self, ids, params):
+        return ids
+
+    def add_prepared(self, rid, prepared, arrival_time=None, timeout_s=None):
         raise EngineBusyError(5, 5)
 
     def abort_request(self, rid):
@@ -141,18 +144,21 @@ def test_loop_reports_the_engine_backstop_as_unavailable_queue_full():
     assert loop.num_waiting == 0  # the refused request left the count
 
 
-def test_invalid_request_on_the_engine_thread_is_rejected_invalid(tiny_model_dir):
+def test_invalid_request_is_refused_by_submit_naming_the_field(tiny_model_dir):
+    """The engine's rules run in the caller's thread (LLMEngine.check_request): submit raises at
+    once, nothing is queued, the callback is never called."""
     eng = make_engine(tiny_model_dir)
     loop = EngineLoop(eng)
-    got, ev = [], threading.Event()
+    got = []
     try:
-        loop.submit("x", prompt(200, 0), greedy(2), lambda out: (got.append(out), ev.set()))  # over max_model_len
-        assert ev.wait(60)
+        with pytest.raises(InvalidRequestError) as ei:  # over max_model_len
+            loop.submit("x", prompt(200, 0), greedy(2), got.append)
+        assert loop.num_waiting == 0 and loop.num_in_flight == 0
     finally:
         loop.shutdown()
-    (out,) = got
-    assert out.rejected == "invalid" and out.error_code == "invalid_arg"
-    assert out.error.startswith("text_input: the prompt has 200 tokens, more than max_model_len 128")
+    assert got == []
+    assert ei.value.field == "text_input"
+    assert str(ei.value).startswith("text_input: the prompt has 200 tokens, more than max_model_len 128")
 
 
 # -- settings ----------------------------------------------------------------------------------------

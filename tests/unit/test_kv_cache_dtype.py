@@ -43,12 +43,12 @@ def fp32_run(tiny_model_dir):
 def test_16bit_kv_cache_holds_twice_the_blocks_and_matches_fp32(tiny_model_dir, fp32_run, kv_dtype):
     ref_engine, ref_tokens, ref_logits = fp32_run
     engine, tokens, logits = run(tiny_model_dir, kv_dtype)
-    assert ref_engine.runner.kv_caches[0][0].dtype.name.lower().endswith("float32")
-    assert str(engine.runner.kv_caches[0][0].dtype).endswith(kv_dtype)
-    assert engine.runner.plan.dtype == "float32"
-    n32, n16 = ref_engine.runner.num_kv_blocks, engine.runner.num_kv_blocks
+    assert ref_engine.executor.worker.kv_caches[0][0].dtype.name.lower().endswith("float32")
+    assert str(engine.executor.worker.kv_caches[0][0].dtype).endswith(kv_dtype)
+    assert engine.executor.plan.dtype == "float32"
+    n32, n16 = ref_engine.executor.num_kv_blocks, engine.executor.num_kv_blocks
     assert n16 == 2 * n32, (n16, n32)
-    assert engine.runner.kv_bytes_per_block() * 2 == ref_engine.runner.kv_bytes_per_block()
+    assert engine.executor.worker.kv_bytes_per_block() * 2 == ref_engine.executor.worker.kv_bytes_per_block()
     assert tokens == ref_tokens
     worst = max(float(np.abs(logits[r] - ref_logits[r]).max()) for r in ref_logits)
     print(f"kv {kv_dtype}: max abs logit difference to the fp32 cache {worst:.3g}")

@@ -10,7 +10,7 @@ import pytest
 
 from paddle_llm_engine import EngineConfig, LLMEngine
 from paddle_llm_engine.platforms import device as platforms
-from paddle_llm_engine.runner.cpu_runner import CPUModelRunner
+from paddle_llm_engine.platforms import CpuPlatform
 from paddle_llm_triton.config_params import engine_config_from_triton
 from tiny_model import HEAD_DIM, KV_HEADS, LAYERS
 
@@ -26,9 +26,9 @@ def engine(model_dir: str, **kw) -> LLMEngine:
 
 @pytest.fixture
 def fake_free(monkeypatch):
-    """Make the CPU runner see `box[0]` bytes available (None = unknown)."""
+    """Make the CPU platform report `box[0]` bytes available (None = unknown)."""
     box = [None]
-    monkeypatch.setattr(CPUModelRunner, "available_memory_bytes", lambda self: box[0])
+    monkeypatch.setattr(CpuPlatform, "available_memory", lambda self, device, ranks_on_host=1: box[0])
     return box
 
 
@@ -36,9 +36,9 @@ def test_fraction_of_available_memory(tiny_model_dir, fake_free, caplog):
     fake_free[0] = 1000 * BYTES_PER_BLOCK + 123
     with caplog.at_level(logging.INFO):
         eng = engine(tiny_model_dir, kv_cache_memory_fraction=0.25, kv_cache_memory_bytes=7 * 2**20)
-    assert eng.runner.num_kv_blocks == 250
+    assert eng.executor.num_kv_blocks == 250
     assert eng.block_manager.num_blocks == 250
-    assert eng.runner.kv_caches[0][0].shape == [KV_HEADS, 250 * BLOCK, HEAD_DIM]
+    assert eng.executor.worker.kv_caches[0][0].shape == [KV_HEADS, 250 * BLOCK, HEAD_DIM]
     text = caplog.text
     assert "250 blocks x 16 tokens = 4000 tokens max in flight" in text
     assert "kv_cache_memory_fraction 0.25" in text
@@ -48,21 +48,21 @@ def test_fraction_of_available_memory(tiny_model_dir, fake_free, caplog):
 def test_explicit_blocks_win_over_fraction(tiny_model_dir, fake_free):
     fake_free[0] = 1000 * BYTES_PER_BLOCK
     eng = engine(tiny_model_dir, num_kv_blocks=40, kv_cache_memory_fraction=0.5)
-    assert eng.runner.num_kv_blocks == 40
+    assert eng.executor.num_kv_blocks == 40
 
 
 def test_fraction_wins_over_bytes_and_bytes_is_default(tiny_model_dir, fake_free):
     fake_free[0] = 100 * BYTES_PER_BLOCK
     assert engine(tiny_model_dir, kv_cache_memory_fraction=1.0,
-                  kv_cache_memory_bytes=500 * BYTES_PER_BLOCK).runner.num_kv_blocks == 100
-    assert engine(tiny_model_dir, kv_cache_memory_bytes=60 * BYTES_PER_BLOCK).runner.num_kv_blocks == 60
+                  kv_cache_memory_bytes=500 * BYTES_PER_BLOCK).executor.num_kv_blocks == 100
+    assert engine(tiny_model_dir, kv_cache_memory_bytes=60 * BYTES_PER_BLOCK).executor.num_kv_blocks == 60
 
 
 def test_unknown_free_memory_falls_back_with_warning(tiny_model_dir, fake_free, caplog):
     fake_free[0] = None
     with caplog.at_level(logging.WARNING):
         eng = engine(tiny_model_dir, kv_cache_memory_fraction=0.5, kv_cache_memory_bytes=33 * BYTES_PER_BLOCK)
-    assert eng.runner.num_kv_blocks == 33
+    assert eng.executor.num_kv_blocks == 33
     assert any(r.levelno == logging.WARNING and "kv_cache_memory_fraction" in r.getMessage()
                and "kv_cache_memory_bytes" in r.getMessage() for r in caplog.records)
 
@@ -82,7 +82,7 @@ def test_real_host_memory_on_cpu(tiny_model_dir):
     assert got is not None and abs(got - avail) < 0.25 * avail + 256 * 2**20
     frac = 2000 * BYTES_PER_BLOCK / avail  # about 2000 blocks (16 MiB) whatever the host
     eng = engine(tiny_model_dir, kv_cache_memory_fraction=frac)
-    assert 1000 < eng.runner.num_kv_blocks < 4000
+    assert 1000 < eng.executor.num_kv_blocks < 4000
 
 
 def test_proc_meminfo_used_without_psutil(monkeypatch):

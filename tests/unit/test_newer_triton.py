@@ -38,7 +38,10 @@ class FailingEngine:
     config = types.SimpleNamespace(max_num_waiting=128)
     num_waiting = 0
 
-    def add_request(self, rid, ids, params, arrival_time=None, timeout_s=None):
+    def check_request(self, ids, params):
+        return ids
+
+    def add_prepared(self, rid, prepared, arrival_time=None, timeout_s=None):
         self.requests[rid] = 1
 
     def abort_request(self, rid):

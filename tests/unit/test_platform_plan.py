@@ -226,10 +226,13 @@ def test_fused_moe_on_a_gcu_follows_the_plugin_ops():
 
 
 def test_opset_follows_the_fused_moe_decision():
-    from paddle_llm_ops.moe import COMPOSED_MOE, FUSED_GCU_MOE, FUSED_GCU_OPS
+    import inspect
+
+    from paddle_llm_ops.moe import COMPOSED_MOE, FUSED_GCU_MOE, moe_experts_fused_gcu
     from paddle_llm_ops.opset import build_opset
 
-    assert FUSED_GCU_OPS == FUSED_MOE_OPS  # the ops the decision looks for are the ones the kernel calls
+    called = inspect.getsource(moe_experts_fused_gcu)
+    assert all(f'"{op}"' in called for op in FUSED_MOE_OPS)  # the ops the decision looks for are the ones the kernel calls
     assert build_opset().moe_experts is COMPOSED_MOE
     fused = build_opset(fused_moe=True)
     assert fused.moe_experts is FUSED_GCU_MOE and dict(fused.names)["moe_experts"] == "fused_gcu"
@@ -347,7 +350,7 @@ def test_engine_on_simulated_hosts_picks_kernels_from_flags_and_logs_why(tiny_mo
         simulated = LLMEngine(EngineConfig(**kw))
     assert "platform cpu: cpu_kernels: on, AVX2+FMA path, the CPU has avx2 and fma" in caplog.text
     assert "platform cpu: fused_rms_norm: off, the C++ CPU kernels' RMSNorm runs instead" in caplog.text
-    assert dict(simulated.runner.ops.names)["rms_norm"] == "cpu_avx2_fma"
+    assert dict(simulated.executor.worker.ops.names)["rms_norm"] == "cpu_avx2_fma"
     assert run(simulated) == want
     # the same host where the C++ kernels are not built: Paddle's composed ops, never its AVX-512 kernel
     from paddle_llm_ops import cpu_kernels
@@ -361,13 +364,13 @@ def test_engine_on_simulated_hosts_picks_kernels_from_flags_and_logs_why(tiny_mo
         bare = LLMEngine(EngineConfig(**kw))
     assert "platform cpu: fused_rms_norm: off, CPU lacks avx512f" in caplog.text
     assert "platform cpu: cpu_kernels: off, not available: not built in this test" in caplog.text
-    assert dict(bare.runner.ops.names)["rms_norm"] == "composed"
+    assert dict(bare.executor.worker.ops.names)["rms_norm"] == "composed"
     assert run(bare) == want
     # an old CPU without AVX2: the kernels' portable path
     monkeypatch.undo()
     monkeypatch.setattr(cpu_features, "host_cpu", lambda: parse_cpuinfo(OLD_SSE_ONLY))
     generic = LLMEngine(EngineConfig(**kw))
-    assert dict(generic.runner.ops.names)["linear"] == "cpu_gemv_generic"
+    assert dict(generic.executor.worker.ops.names)["linear"] == "cpu_gemv_generic"
     assert run(generic) == want
     monkeypatch.setattr(cpu_features, "host_cpu", lambda: parse_cpuinfo(EPYC_AVX2))
     with pytest.raises(PlatformError, match="kernels lists fused_rms_norm, which cpu cannot run: CPU lacks avx512f"):

@@ -107,8 +107,14 @@ class FakeEngine:
     config = types.SimpleNamespace(max_num_waiting=128)
     num_waiting = 0
 
-    def add_request(self, rid, ids, params, arrival_time=None, timeout_s=None):
+    def check_request(self, ids, params):
+        return ids
+
+    def add_prepared(self, rid, prepared, arrival_time=None, timeout_s=None):
         self.requests[rid] = 0
+
+    def add_request(self, rid, ids, params, arrival_time=None, timeout_s=None):
+        self.add_prepared(rid, self.check_request(ids, params))
 
     def abort_request(self, rid):
         if self.requests.pop(rid, None) is None:

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from paddle_llm_engine import EngineConfig, EngineLoop, LLMEngine, SamplingParams
-from paddle_llm_engine.tp import runner as tp_runner
-from paddle_llm_engine.tp import shard
-from paddle_llm_engine.tp.shard import ShardPlan, check_devices
+from paddle_llm_engine.executor import tensor_parallel as tp_runner
+from paddle_llm_engine.platforms import Device, GcuPlatform, platform_for
+from paddle_llm_engine.tp.shard import ShardPlan
 from paddle_llm_triton.config_params import engine_config_from_triton
 
 REF_DIR = Path(__file__).resolve().parents[1] / "reference"
@@ -46,7 +46,7 @@ def tp_workers() -> list[int]:
         except OSError:
             continue
         fields = stat.rsplit(")", 1)[1].split()
-        if fields[0] != "Z" and int(fields[1]) == me and b"paddle_llm_engine.tp.worker" in cmd:
+        if fields[0] != "Z" and int(fields[1]) == me and b"paddle_llm_engine.executor.tp_worker" in cmd:
             found.append(int(entry))
     return found
 
@@ -96,10 +96,11 @@ def test_refuses_tp_below_one(tmp_path):
 
 
 def test_refuses_tp_above_gcu_devices(monkeypatch):
-    monkeypatch.setattr(shard, "available_devices", lambda device: (2, "gcu devices the plug-in reports"))
-    assert check_devices(2, "gcu:0", 0) == ["gcu:0", "gcu:1"]
+    monkeypatch.setattr(GcuPlatform, "device_count", lambda self, device: (2, "gcu devices the plug-in reports"))
+    gcu = platform_for("gcu:0")
+    assert gcu.rank_devices(2, Device.parse("gcu:0")) == ["gcu:0", "gcu:1"]
     with pytest.raises(ValueError, match=r"tensor_parallel_size 2 on gcu:1..gcu:2 exceeds the 2 gcu devices"):
-        check_devices(2, "gcu:1", 1)
+        gcu.rank_devices(2, Device.parse("gcu:1"))
 
 
 # -- plan and mapping ----------------------------------------------------------------------------
@@ -123,6 +124,30 @@ def test_instance_k_maps_onto_devices_k_times_n():
     assert engine_config_from_triton(cfg(2), args).tensor_parallel_size == 2
 
 
+# -- what the ranks run ---------------------------------------------------------------------------
+def test_tp2_engine_info_reports_what_the_ranks_decided(tmp_path):
+    """llm_engine_info's labels (LLMEngine.info()) of a TP=2 engine are its ranks' platform plan:
+    dtype, KV-cache dtype, kernels and quantization as a TP=1 engine on this host decides them,
+    never the "auto" settings."""
+    from paddle_llm_engine.platforms import plan_for_device
+
+    model_dir = tc.make_checkpoint("llama_tied", tmp_path / "ck")
+    want = plan_for_device("cpu", quantization="wint8")
+    kernels = ";".join(k for k, on in want.kernels.items() if on).replace("cpu_kernels", f"cpu_kernels_{want.cpu_isa}")
+    engine = LLMEngine(engine_config(model_dir, 2, quantization="wint8"))
+    try:
+        info = engine.info()
+        assert info["device"] == "cpu" and info["tensor_parallel_size"] == "2"
+        assert (info["dtype"], info["kv_cache_dtype"]) == (want.dtype, want.kv_cache_dtype) == ("float32", "float32")
+        assert info["kernels"] == kernels and info["kernels"].startswith("cpu_kernels_")
+        assert info["quantization"] == "wint8"
+        ranks = engine.executor.plan
+        assert (ranks.dtype, ranks.kernels, ranks.cpu_isa) == (want.dtype, want.kernels, want.cpu_isa)
+        assert ranks.quantization == "wint8"
+    finally:
+        engine.close()
+
+
 # -- worker failures -----------------------------------------------------------------------------
 def test_worker_start_failure_names_the_rank_and_leaves_no_worker(tmp_path):
     model_dir = tc.make_checkpoint("llama_tied", tmp_path / "ck")
@@ -137,7 +162,7 @@ def test_worker_start_failure_names_the_rank_and_leaves_no_worker(tmp_path):
 def test_killed_worker_fails_requests_in_flight(tmp_path):
     model_dir = tc.make_checkpoint("llama_tied", tmp_path / "ck")
     engine = LLMEngine(engine_config(model_dir, 2))
-    pids = engine.runner.worker_pids
+    pids = engine.executor.worker_pids
     assert sorted(pids) == sorted(tp_workers())
     failed = threading.Event()
     loop = EngineLoop(engine, on_failure=lambda reason: failed.set())
@@ -181,7 +206,7 @@ def test_workers_die_with_a_sigkilled_engine_process(tmp_path):
             "from test_tp_config import engine_config\n"
             "from paddle_llm_engine import LLMEngine\n"
             f"e = LLMEngine(engine_config({str(model_dir)!r}, 2))\n"
-            "print('PIDS', *e.runner.worker_pids, flush=True)\n"
+            "print('PIDS', *e.executor.worker_pids, flush=True)\n"
             "time.sleep(600)\n")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:

@@ -14,12 +14,14 @@ import pytest
 
 from paddle_llm_engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from paddle_llm_engine.errors import InvalidRequestError
-from paddle_llm_engine.sampler import sample, token_logprobs
+from paddle_llm_engine.sampler import sample as sample_rows
+from paddle_llm_engine.sampler import token_logprobs
 from paddle_llm_engine.sampling_params import SamplingParams
 from paddle_llm_engine.sequence import Sequence
 from paddle_llm_triton.config_params import serving_options
 from paddle_llm_triton.contracts.vllm import (INPUT_FLAGS, UNSUPPORTED_VLLM_KEYS, check_max_tokens,
                                               from_request_parameters, from_vllm_json, to_json)
+from sampling_reference import sampling_state
 
 VOCAB = 1000
 
@@ -149,6 +151,11 @@ def seq_of(params: SamplingParams, prompt=(5, 6, 7)) -> Sequence:
     return Sequence("r", list(prompt), params, 100, [2])
 
 
+def sample(x, seqs):
+    """The sampler on these sequences, each with its sampling state as the engine derives it."""
+    return sample_rows(x, seqs, [sampling_state(s) for s in seqs])
+
+
 def logits(v=50, seed=0) -> np.ndarray:
     return (np.random.default_rng(seed).standard_normal((1, v)) * 3).astype(np.float32)
 
@@ -173,7 +180,8 @@ def test_allowed_token_ids_restrict_greedy_and_sampled_tokens():
     seq = seq_of(prm)
     drawn = {int(sample(x, [seq])[0][0]) for _ in range(200)}
     assert drawn <= set(allowed) and len(drawn) > 1
-    assert getattr(prm, "_sampler_arrays", None) is not None  # arrays built once, then reused
+    st = sampling_state(seq)  # arrays built once, in the request's state (never on the params), then reused
+    assert st.allowed.tolist() == allowed and st.bias_ids.tolist() == [11] and "_sampler_arrays" not in vars(prm)
 
 
 def test_sampled_token_rank_is_its_rank_in_the_vocabulary_even_without_alternatives():

@@ -1,4 +1,4 @@
-"""Per-step metadata shared by all layers (the runner builds it once per step).
+"""Per-step metadata shared by all layers (the worker builds it once per step, worker/inputs.py).
 
 Token order in a step: the decode tokens of `num_decodes` sequences first, then the prompt chunks
 of the prefill sequences, packed without padding.
@@ -26,7 +26,7 @@ class AttentionMetadata:
     decode_slots: paddle.Tensor | None = None   # [num_decodes, L] int64
     decode_mask: paddle.Tensor | None = None    # [1, num_decodes, 1, L] fp32 additive
     # The same decodes as block tables, for kernels that read the cache's blocks directly
-    # (OpSet.decode_metadata "block_tables"); the runner fills one form or the other.
+    # (OpSet.decode_metadata "block_tables"); the worker fills one form or the other.
     decode_block_tables: paddle.Tensor | None = None  # [num_decodes, max_blocks] int32
     decode_context_lens: paddle.Tensor | None = None  # [num_decodes] int32 keys each decode sees
     prefills: list[PrefillChunk] = field(default_factory=list)

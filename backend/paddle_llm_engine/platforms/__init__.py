@@ -1,21 +1,25 @@
 """The platform layer: which device an engine runs on, what that place can run (kernels, dtypes,
-Paddle flags; decided once at engine start and logged with reasons), plug-in version checks and
-device memory queries.
+Paddle flags; decided once at engine start and logged with reasons), how a process binds to it
+(kernel threads, memory for the KV cache, device count and collective backend for tensor
+parallelism), plug-in version checks and device memory queries.
 
-Modules: device (device resolution, GCU plug-in versions, memory), cpu_features (/proc/cpuinfo
-flags), kernel_registry (Paddle's registered kernels per place and dtype), child_check (risky
-kernels verified in a child process), plan (the decisions).
+Modules: device (the Device value, device resolution, GCU plug-in versions, memory), cpu_features
+(/proc/cpuinfo flags), kernel_registry (Paddle's registered kernels per place and dtype),
+child_check (risky kernels verified in a child process), plan (the decisions), runtime (one
+Platform per device kind: binding, threads, memory, devices, collectives).
 """
 
 from paddle_llm_engine.platforms.cpu_features import CpuInfo, host_cpu, parse_cpuinfo
-from paddle_llm_engine.platforms.device import (SUPPORTED_GCU_MATRIX, PlatformError, check_gcu_versions,
+from paddle_llm_engine.platforms.device import (SUPPORTED_GCU_MATRIX, Device, PlatformError, check_gcu_versions,
                                                 gcu_available, gcu_available_memory, host_available_memory,
                                                 resolve_device)
 from paddle_llm_engine.platforms.kernel_registry import KernelRegistry
-from paddle_llm_engine.platforms.plan import PlaceFacts, PlatformPlan, decide, plan_for_device
+from paddle_llm_engine.platforms.plan import PlaceFacts, PlatformPlan, check_settings, decide, plan_for_device
+from paddle_llm_engine.platforms.runtime import CpuPlatform, GcuPlatform, Platform, platform_for
 
 __all__ = [
-    "SUPPORTED_GCU_MATRIX", "CpuInfo", "KernelRegistry", "PlaceFacts", "PlatformError", "PlatformPlan",
-    "check_gcu_versions", "decide", "gcu_available", "gcu_available_memory", "host_available_memory", "host_cpu",
-    "parse_cpuinfo", "plan_for_device", "resolve_device",
+    "SUPPORTED_GCU_MATRIX", "CpuInfo", "CpuPlatform", "Device", "GcuPlatform", "KernelRegistry", "PlaceFacts",
+    "Platform", "PlatformError", "PlatformPlan", "check_gcu_versions", "check_settings", "decide", "gcu_available",
+    "gcu_available_memory", "host_available_memory", "host_cpu", "parse_cpuinfo", "plan_for_device",
+    "platform_for", "resolve_device",
 ]

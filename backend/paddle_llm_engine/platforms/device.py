@@ -1,5 +1,5 @@
-"""Which device this process runs on, the supported Paddle / GCU plug-in versions, and how much
-memory a device has left for the KV cache.
+"""Which device this process runs on (a Device, parsed once from the operator's setting), the
+supported Paddle / GCU plug-in versions, and how much memory a device has left for the KV cache.
 
 A GCU host is one where the `paddle-custom-gcu` plug-in registered the custom device type "gcu".
 """
@@ -23,6 +23,51 @@ SUPPORTED_GCU_MATRIX = {
 
 class PlatformError(RuntimeError):
     """The accelerator stack cannot be used as installed."""
+
+
+DEVICE_KINDS = ("cpu", "gcu")
+_DEVICE_SYNTAX = "device must be 'auto', 'cpu' or 'gcu[:id]'"
+
+
+class Device(str):
+    """A device, parsed once: `kind` ("cpu" | "gcu") and `index` (the device id; 0 for the CPU).
+
+    It is also its canonical name ("cpu", "gcu:1"), a str, so it logs, compares, pickles and goes
+    to paddle.set_device as that name. Device("gcu", 1) builds one, Device.parse("gcu:1") reads one
+    (ValueError for anything else)."""
+
+    kind: str
+    index: int
+    CPU: "Device"
+
+    def __new__(cls, kind: str, index: int = 0):
+        if kind not in DEVICE_KINDS:
+            raise ValueError(f"{_DEVICE_SYNTAX}, got {kind!r}")
+        if kind == "cpu":
+            index = 0
+        elif not (isinstance(index, int) and index >= 0):
+            raise ValueError(f"a device id must be an integer >= 0, got {index!r}")
+        obj = super().__new__(cls, "cpu" if kind == "cpu" else f"{kind}:{index}")
+        obj.kind, obj.index = kind, index
+        return obj
+
+    def __getnewargs__(self):
+        return self.kind, self.index
+
+    @classmethod
+    def parse(cls, text: str) -> "Device":
+        """"cpu" or "<kind>:<id>" (a Device is returned as it is). Raises ValueError otherwise."""
+        if isinstance(text, Device):
+            return text
+        kind, sep, idx = str(text).partition(":")
+        if kind == "cpu" and not sep:
+            return cls("cpu")
+        if kind in DEVICE_KINDS and sep and idx.isdigit():
+            return cls(kind, int(idx))
+        raise ValueError(f"{_DEVICE_SYNTAX}, got {text!r}")
+
+
+Device.CPU = Device("cpu")
 
 
 def _version(dist: str) -> str | None:
@@ -87,11 +132,12 @@ def gcu_available() -> bool:
         return False
 
 
-def resolve_device(device: str, device_id: int) -> str:
-    """"auto" -> "gcu:<device_id>" on a GCU host, else "cpu". An explicit "gcu" / "gcu:<id>" checks the
-    versions and that the plug-in registered the device, and raises PlatformError otherwise."""
+def resolve_device(device: str, device_id: int) -> Device:
+    """The operator's `device` setting as a Device: "auto" -> gcu:<device_id> on a GCU host, else
+    the CPU; "gcu" -> gcu:<device_id>. An explicit gcu checks the versions and that the plug-in
+    registered the device, and raises PlatformError otherwise; an unknown name is a ValueError."""
     if device == "auto":
-        device = f"gcu:{device_id}" if gcu_available() else "cpu"
+        device = "gcu" if gcu_available() else "cpu"
     if device == "gcu" or device.startswith("gcu:"):
         check_gcu_versions()
         if not gcu_available():
@@ -99,13 +145,8 @@ def resolve_device(device: str, device_id: int) -> str:
                 f"paddle-custom-gcu {_version('paddle-custom-gcu')} is installed with paddlepaddle "
                 f"{_paddle_version()} but paddle has no 'gcu' device type: the plug-in did not load "
                 f"(check the Enflame driver and TopsRider runtime, and the paddle log for the plug-in's error)")
-        if device == "gcu":
-            device = f"gcu:{device_id}"
-        elif not device[4:].isdigit():
-            raise ValueError(f"device must be 'auto', 'cpu' or 'gcu[:id]', got {device!r}")
-    elif device != "cpu":
-        raise ValueError(f"device must be 'auto', 'cpu' or 'gcu[:id]', got {device!r}")
-    return device
+        return Device("gcu", device_id) if device == "gcu" else Device.parse(device)
+    return Device.parse(device)
 
 
 # -- memory available for the KV cache ------------------------------------------------------------
@@ -129,7 +170,7 @@ def host_available_memory() -> int | None:
     return None
 
 
-def gcu_available_memory(device: str) -> int | None:
+def gcu_available_memory(device: Device | str) -> int | None:
     """Bytes of device memory not yet held by Paddle's allocator on `device` ("gcu:<id>"): the
     device's total memory as the plug-in reports it (`paddle.base.core.get_device_properties(type,
     id)`; `paddle.device.get_device_properties` refuses custom devices) minus
@@ -138,10 +179,10 @@ def gcu_available_memory(device: str) -> int | None:
     or this Paddle does not expose these (the caller then falls back to a fixed budget)."""
     import paddle
 
-    dev_type, _, dev_id = device.partition(":")
+    device = Device.parse(device)
     try:
-        total = int(paddle.base.core.get_device_properties(dev_type, int(dev_id or 0)).total_memory)
-        reserved = int(paddle.device.memory_reserved(device))
+        total = int(paddle.base.core.get_device_properties(device.kind, device.index).total_memory)
+        reserved = int(paddle.device.memory_reserved(str(device)))
     except Exception as e:  # API absent in this Paddle, or not implemented by the plug-in
         log.warning("cannot read the memory of %s from paddle (%s: %s)", device, type(e).__name__, e)
         return None

@@ -9,12 +9,14 @@ from __future__ import annotations
 import functools
 import re
 
+from paddle_llm_engine.platforms.device import Device
+
 _KEY = re.compile(r"\(\s*([^,]+?)\s*,\s*([^,]+?)\s*,\s*([^)]+?)\s*\)")
 
 
-def _backend_name(device: str) -> str:
-    """Registry backend name of a device string: "cpu" -> "CPU", "gcu:1" -> "gcu"."""
-    kind = device.split(":", 1)[0]
+def _backend_name(device: Device | str) -> str:
+    """Registry backend name of a device: "cpu" -> "CPU", "gcu:1" -> "gcu"."""
+    kind = Device.parse(device).kind
     return "CPU" if kind == "cpu" else kind
 
 
@@ -60,7 +62,7 @@ class KernelRegistry:
         ops = self._custom_ops if self._custom_ops is not None else _custom_operators()
         return name in ops
 
-    def has(self, op: str, device: str, dtype: str) -> bool:
+    def has(self, op: str, device: Device | str, dtype: str) -> bool:
         """True when `op` has a kernel for `dtype` ("float32", "bfloat16", ...) on `device`'s backend
         ("cpu", "gcu:0"). Kernels registered for all custom devices ("CUSTOM") count for a custom device."""
         backend = _backend_name(device)
@@ -69,6 +71,6 @@ class KernelRegistry:
             return True
         return backend != "CPU" and ("CUSTOM", dtype) in entries
 
-    def missing(self, ops, device: str, dtype: str) -> list[str]:
+    def missing(self, ops, device: Device | str, dtype: str) -> list[str]:
         """The ops of `ops` with no kernel for `dtype` on `device`, in the order given."""
         return [op for op in ops if not self.has(op, device, dtype)]

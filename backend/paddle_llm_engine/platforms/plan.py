@@ -23,7 +23,7 @@ from typing import Callable
 
 from paddle_llm_engine.platforms.child_check import ChildVerdict
 from paddle_llm_engine.platforms.cpu_features import CpuInfo
-from paddle_llm_engine.platforms.device import PlatformError
+from paddle_llm_engine.platforms.device import Device, PlatformError
 from paddle_llm_engine.platforms.kernel_registry import KernelRegistry
 
 log = logging.getLogger(__name__)
@@ -51,12 +51,14 @@ FUSED_RMS_NORM_CPU_FLAGS = ("avx512f",)
 
 @dataclass(frozen=True)
 class PlaceFacts:
-    """What is known about one place. device: "cpu" or "gcu:<id>"; cpu: the host CPU;
-    registry: Paddle's registered kernels; kernel_fallback: Paddle runs an op that has no kernel for
-    a custom device through its CPU kernel (FLAGS_enable_api_kernel_fallback); paddle_version: for
-    the child-check cache; device_description: one line naming the device (the plug-in for a GCU)."""
+    """What is known about one place. device: a Device (or its name, "cpu" / "gcu:<id>", parsed
+    here); cpu: the host CPU; registry: Paddle's registered kernels; kernel_fallback: Paddle runs an
+    op that has no kernel for a custom device through its CPU kernel
+    (FLAGS_enable_api_kernel_fallback); paddle_version: for the child-check cache;
+    device_description: one line naming the device (the plug-in for a GCU); cpu_kernels_built /
+    cpu_kernels_detail: whether the C++ CPU kernels loaded, and why not."""
 
-    device: str
+    device: Device
     cpu: CpuInfo
     registry: KernelRegistry
     kernel_fallback: bool = True
@@ -64,6 +66,9 @@ class PlaceFacts:
     device_description: str = ""
     cpu_kernels_built: bool = False
     cpu_kernels_detail: str = "not looked for"
+
+    def __post_init__(self):
+        object.__setattr__(self, "device", Device.parse(self.device))
 
 
 @dataclass
@@ -90,6 +95,16 @@ class PlatformPlan:
             logger.info("platform %s: %s", self.device, line)
 
 
+def check_settings(dtype: str, kv_cache_dtype: str, quantization: str) -> None:
+    """The operator's dtype, kv_cache_dtype and quantization values (the only place they are
+    checked: EngineConfig.validate and decide() call this). Raises ValueError naming the setting."""
+    for name, value in (("dtype", dtype), ("kv_cache_dtype", kv_cache_dtype)):
+        if value not in DTYPE_CHOICES:
+            raise ValueError(f"{name} must be one of {', '.join(DTYPE_CHOICES)}; got {value!r}")
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be empty or wint8; got {quantization!r}")
+
+
 def parse_kernels_setting(value: str) -> tuple[str, tuple[str, ...]]:
     """`kernels` setting -> ("auto", ()), ("composed", ()) or ("list", names).
 
@@ -107,8 +122,8 @@ def parse_kernels_setting(value: str) -> tuple[str, tuple[str, ...]]:
     return "list", names
 
 
-def _is_custom(device: str) -> bool:
-    return device != "cpu"
+def _is_custom(device: Device) -> bool:
+    return device.kind != "cpu"
 
 
 def _usable(facts: PlaceFacts, ops, dtype: str) -> tuple[bool, list[str]]:
@@ -123,7 +138,7 @@ def _usable(facts: PlaceFacts, ops, dtype: str) -> tuple[bool, list[str]]:
 
 
 def _decide_dtype(facts: PlaceFacts, requested: str, out: list[str]) -> str:
-    place = "the CPU" if facts.device == "cpu" else f"{facts.device}"
+    place = "the CPU" if facts.device.kind == "cpu" else f"{facts.device}"
     if requested != "auto":
         ok, _ = _usable(facts, COMPUTE_OPS, requested)
         if not ok:
@@ -180,7 +195,7 @@ def _decide_kv(facts: PlaceFacts, requested: str, dtype: str, out: list[str]) ->
 
 def _fused_rms_norm(facts: PlaceFacts, dtype: str, verify: Callable[[str], ChildVerdict]) -> tuple[bool, str]:
     """(can run, reason) for Paddle's fused RMSNorm kernel (registered as fused_rms_norm_quant)."""
-    if facts.device == "cpu":
+    if facts.device.kind == "cpu":
         missing = facts.cpu.missing(*FUSED_RMS_NORM_CPU_FLAGS)
         if missing:
             return False, f"CPU lacks {', '.join(missing)} (Paddle's CPU kernel runs AVX-512 unconditionally)"
@@ -192,14 +207,14 @@ def _fused_rms_norm(facts: PlaceFacts, dtype: str, verify: Callable[[str], Child
         return True, (f"CPU has {', '.join(FUSED_RMS_NORM_CPU_FLAGS)}; verified in a child process"
                       f"{' (cached verdict)' if verdict.cached else ''}: {verdict.detail}")
     if facts.registry.has("fused_rms_norm_quant", facts.device, dtype):
-        return True, f"the {facts.device.split(':')[0]} plug-in registers fused_rms_norm_quant for {dtype}"
-    return False, f"the {facts.device.split(':')[0]} plug-in registers no fused_rms_norm_quant kernel for {dtype}"
+        return True, f"the {facts.device.kind} plug-in registers fused_rms_norm_quant for {dtype}"
+    return False, f"the {facts.device.kind} plug-in registers no fused_rms_norm_quant kernel for {dtype}"
 
 
 def _cpu_kernels(facts: PlaceFacts, dtype: str, kv: str) -> tuple[bool, str, str | None]:
     """(can run, reason, isa) for the C++ CPU kernels (paddle_llm_ops.cpu_kernels). The isa comes
     from the CPU's flags: the AVX2+FMA code only where both are present, else the portable code."""
-    if facts.device != "cpu":
+    if facts.device.kind != "cpu":
         return False, "the C++ CPU kernels serve the CPU place only; the device's own kernels run", None
     if not facts.cpu_kernels_built:
         return False, f"not available: {facts.cpu_kernels_detail}", None
@@ -214,7 +229,7 @@ def _decide_quantization(facts: PlaceFacts, quantization: str, dtype: str, cpu_i
                          cpu_reason: str, out: list[str]) -> None:
     if not quantization:
         return
-    if facts.device == "cpu":
+    if facts.device.kind == "cpu":
         if cpu_isa is None:
             raise PlatformError(f"quantization wint8 on the CPU runs on the C++ int8 GEMV, but the C++ CPU kernels "
                                 f"are off ({cpu_reason}); use kernels auto or leave quantization empty")
@@ -223,52 +238,25 @@ def _decide_quantization(facts: PlaceFacts, quantization: str, dtype: str, cpu_i
         return
     if not facts.registry.has("weight_only_linear", facts.device, dtype):
         raise PlatformError(f"quantization wint8 is not supported on {facts.device}: the "
-                            f"{facts.device.split(':')[0]} plug-in registers no weight_only_linear kernel for {dtype}")
+                            f"{facts.device.kind} plug-in registers no weight_only_linear kernel for {dtype}")
     out.append(f"quantization wint8: the plug-in's weight_only_linear ({dtype} activations)")
 
 
 def _fused_moe(facts: PlaceFacts) -> tuple[bool, str]:
     """(can run, reason) for the fused MoE expert kernel (FUSED_MOE_OPS)."""
-    if facts.device == "cpu":
+    if facts.device.kind == "cpu":
         return False, "Paddle has no fused MoE kernel for the CPU; the experts run as grouped matmuls"
-    kind = facts.device.split(":")[0]
+    kind = facts.device.kind
     missing = [op for op in FUSED_MOE_OPS if not facts.registry.has_custom_op(op)]
     if missing:
         return False, f"the {kind} plug-in registers no {', '.join(missing)}"
     return True, f"the {kind} plug-in registers {', '.join(FUSED_MOE_OPS)}"
 
 
-def decide(facts: PlaceFacts, dtype: str = "auto", kv_cache_dtype: str = "auto", kernels: str = "auto",
-           verify: Callable[[str], ChildVerdict] | None = None, quantization: str = "") -> PlatformPlan:
-    """The PlatformPlan for a place. verify(check name) runs a risky kernel's check in a child
-    process (child_check.verify_in_child); tests pass their own. quantization: "" or "wint8".
-    With the C++ CPU kernels on, Paddle's fused RMSNorm is not used (they bring their own).
-
-    Raises PlatformError for a dtype, kv_cache_dtype or forced kernel the place cannot run, and
-    ValueError for a malformed setting (naming it)."""
-    for name, value in (("dtype", dtype), ("kv_cache_dtype", kv_cache_dtype)):
-        if value not in DTYPE_CHOICES:
-            raise ValueError(f"{name} must be one of {', '.join(DTYPE_CHOICES)}; got {value!r}")
+def _decide_kernels(facts: PlaceFacts, kernels: str, dt: str, kv: str, verify: Callable[[str], ChildVerdict],
+                    out: list[str]) -> tuple[dict[str, bool], str | None, str]:
+    """(optional kernel -> on, the C++ CPU kernels' isa or None, why they are on / off)."""
     mode, forced = parse_kernels_setting(kernels)
-    if quantization not in QUANTIZATIONS:
-        raise ValueError(f"quantization must be empty or wint8; got {quantization!r}")
-    if verify is None:
-        def verify(name):
-            return ChildVerdict(False, "no verifier given")
-    decisions: list[str] = []
-    if facts.device_description:
-        decisions.append(f"device: {facts.device_description}")
-    if facts.device == "cpu":
-        decisions.append(f"CPU {facts.cpu.model or 'unknown model'}: "
-                         f"{'avx512f' if facts.cpu.has('avx512f') else 'no avx512f'}, "
-                         f"{'avx2+fma' if facts.cpu.has('avx2', 'fma') else 'no avx2+fma'}")
-    flags: dict[str, object] = {}
-    if _is_custom(facts.device) and not facts.registry.has("contiguous", facts.device, "float32"):
-        flags["FLAGS_use_stride_kernel"] = False
-        decisions.append("FLAGS_use_stride_kernel off: the device has no 'contiguous' kernel, which strided "
-                         "views would need")
-    dt = _decide_dtype(facts, dtype, decisions)
-    kv, gather = _decide_kv(facts, kv_cache_dtype, dt, decisions)
     chosen: dict[str, bool] = {}
     isa: list[str | None] = [None]
 
@@ -286,11 +274,11 @@ def decide(facts: PlaceFacts, dtype: str = "auto", kv_cache_dtype: str = "auto",
     for name in OPTIONAL_KERNELS:
         if mode == "composed":
             chosen[name] = False
-            decisions.append(f"{name}: off, kernels set to composed by the operator")
+            out.append(f"{name}: off, kernels set to composed by the operator")
             continue
         if mode == "list" and name not in forced:
             chosen[name] = False
-            decisions.append(f"{name}: off, not in the operator's kernels list")
+            out.append(f"{name}: off, not in the operator's kernels list")
             continue
         ok, reason = deciders[name]()
         if mode == "list" and not ok:
@@ -298,41 +286,81 @@ def decide(facts: PlaceFacts, dtype: str = "auto", kv_cache_dtype: str = "auto",
         chosen[name] = ok
         if name == "cpu_kernels":
             cpu_reason = reason
-        decisions.append(f"{name}: {'on' if ok else 'off'}, {reason}")
-    cpu_isa = isa[0] if chosen.get("cpu_kernels") else None
+        out.append(f"{name}: {'on' if ok else 'off'}, {reason}")
+    return chosen, isa[0] if chosen.get("cpu_kernels") else None, cpu_reason
+
+
+def decide(facts: PlaceFacts, dtype: str = "auto", kv_cache_dtype: str = "auto", kernels: str = "auto",
+           verify: Callable[[str], ChildVerdict] | None = None, quantization: str = "") -> PlatformPlan:
+    """The PlatformPlan for a place. verify(check name) runs a risky kernel's check in a child
+    process (child_check.verify_in_child); tests pass their own. quantization: "" or "wint8".
+    With the C++ CPU kernels on, Paddle's fused RMSNorm is not used (they bring their own).
+
+    Raises PlatformError for a dtype, kv_cache_dtype or forced kernel the place cannot run, and
+    ValueError for a malformed setting (naming it)."""
+    check_settings(dtype, kv_cache_dtype, quantization)
+    parse_kernels_setting(kernels)  # a malformed list is refused before anything is decided
+    if verify is None:
+        def verify(name):
+            return ChildVerdict(False, "no verifier given")
+    decisions: list[str] = []
+    if facts.device_description:
+        decisions.append(f"device: {facts.device_description}")
+    if facts.device.kind == "cpu":
+        decisions.append(f"CPU {facts.cpu.model or 'unknown model'}: "
+                         f"{'avx512f' if facts.cpu.has('avx512f') else 'no avx512f'}, "
+                         f"{'avx2+fma' if facts.cpu.has('avx2', 'fma') else 'no avx2+fma'}")
+    flags: dict[str, object] = {}
+    if _is_custom(facts.device) and not facts.registry.has("contiguous", facts.device, "float32"):
+        flags["FLAGS_use_stride_kernel"] = False
+        decisions.append("FLAGS_use_stride_kernel off: the device has no 'contiguous' kernel, which strided "
+                         "views would need")
+    dt = _decide_dtype(facts, dtype, decisions)
+    kv, gather = _decide_kv(facts, kv_cache_dtype, dt, decisions)
+    chosen, cpu_isa, cpu_reason = _decide_kernels(facts, kernels, dt, kv, verify, decisions)
     _decide_quantization(facts, quantization, dt, cpu_isa, cpu_reason, decisions)
     return PlatformPlan(device=facts.device, dtype=dt, kv_cache_dtype=kv, kv_gather_dtype=gather,
                         kernels=chosen, flags=flags, cpu_isa=cpu_isa, quantization=quantization,
                         decisions=decisions)
 
 
-def gather_facts(device: str) -> PlaceFacts:
-    """The facts of this process for `device` ("cpu" or "gcu:<id>")."""
+def _load_cpu_kernels(device: Device, kernels: str) -> tuple[bool, str]:
+    """(the C++ CPU kernels are loaded, why not) for a place whose plan may turn them on: loads the
+    library now (registering its ops with Paddle), so that a library that does not load leaves the
+    kernels off instead of failing later. Nothing is loaded where the plan cannot use them."""
+    mode, forced = parse_kernels_setting(kernels)
+    if device.kind != "cpu":
+        return False, "the CPU place only"
+    if mode == "composed" or (mode == "list" and "cpu_kernels" not in forced):
+        return False, "not requested"
+    from paddle_llm_ops import cpu_kernels
+
+    try:
+        cpu_kernels.load()
+        return True, "built"
+    except Exception as e:  # not built for these sources: the composed ops run, and the log says why
+        return False, str(e)
+
+
+def gather_facts(device: Device | str, cpu_kernels: tuple[bool, str] = (False, "not looked for")) -> PlaceFacts:
+    """The facts of this process for `device`; cpu_kernels: (loaded, why not) of the C++ CPU kernels."""
     import paddle
 
     from paddle_llm_engine.platforms.cpu_features import host_cpu
     from paddle_llm_engine.platforms.device import gcu_plugin_description
 
+    device = Device.parse(device)
     try:
         fallback = bool(paddle.get_flags(["FLAGS_enable_api_kernel_fallback"])["FLAGS_enable_api_kernel_fallback"])
     except Exception:  # flag unknown to this Paddle: assume its documented default (on)
         fallback = True
-    description = "" if device == "cpu" else f"{device} through {gcu_plugin_description()}"
-    built, detail = False, "the CPU place only"
-    if device == "cpu":
-        from paddle_llm_ops import cpu_kernels
-
-        try:
-            cpu_kernels.load()
-            built, detail = True, "built"
-        except Exception as e:  # not built for these sources: the composed ops run, and the log says why
-            detail = str(e)
+    description = "" if device.kind == "cpu" else f"{device} through {gcu_plugin_description()}"
     return PlaceFacts(device=device, cpu=host_cpu(), registry=KernelRegistry(), kernel_fallback=fallback,
                       paddle_version=paddle.__version__, device_description=description,
-                      cpu_kernels_built=built, cpu_kernels_detail=detail)
+                      cpu_kernels_built=cpu_kernels[0], cpu_kernels_detail=cpu_kernels[1])
 
 
-def plan_for_device(device: str, dtype: str = "auto", kv_cache_dtype: str = "auto",
+def plan_for_device(device: Device | str, dtype: str = "auto", kv_cache_dtype: str = "auto",
                     kernels: str = "auto", quantization: str = "") -> PlatformPlan:
     """Decide for `device` in this process, log every decision, apply the plan's Paddle flags.
     Raises as decide()."""
@@ -340,7 +368,8 @@ def plan_for_device(device: str, dtype: str = "auto", kv_cache_dtype: str = "aut
 
     from paddle_llm_engine.platforms.child_check import verify_in_child
 
-    facts = gather_facts(device)
+    device = Device.parse(device)
+    facts = gather_facts(device, _load_cpu_kernels(device, kernels))
 
     def verify(name: str) -> ChildVerdict:
         return verify_in_child(name, facts.paddle_version, facts.cpu.model, facts.cpu.flags)

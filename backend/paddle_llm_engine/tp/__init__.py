@@ -1,10 +1,8 @@
-"""Tensor parallel inside one engine: N worker processes, one per device, each holding a shard of
-the weights and of the KV cache; the engine process (scheduler, sampler, detokenizer) feeds them
-step by step and samples once from the gathered logits.
+"""Tensor parallelism of the model itself: which heads, rows and columns a rank holds (shard: the
+ShardPlan and the start-up check of the head counts), a checkpoint reader that returns a rank's
+shard of each tensor (reader), and the model classes made tensor parallel (model: vocab-parallel
+embedding, all_reduce after the row-parallel projections).
 
-Modules: shard (which heads / rows / columns a rank holds, the start-up checks), reader (a
-checkpoint reader that returns a rank's shard of each tensor), model (the model classes made
-tensor parallel: vocab-parallel embedding, all_reduce after the row-parallel projections),
-channel (the per-step messages and the shared logits buffer), worker (the worker process),
-runner (the engine-side runner that starts, feeds and watches the workers).
+The processes that run the ranks are the executor's (executor/tensor_parallel.py,
+executor/tp_worker.py); nothing here imports the worker or the executor.
 """

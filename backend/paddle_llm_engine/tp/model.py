@@ -19,6 +19,9 @@ from paddle_llm_engine.tp.shard import ShardPlan
 
 
 class TensorParallelMixin:
+    """Put before a model class (build_tp_model does): its checkpoint reads, token embedding and
+    row-parallel reductions become rank `shard.rank`'s."""
+
     shard: ShardPlan
     group = None  # paddle.distributed group; None: the default (world) group
 

@@ -1,4 +1,4 @@
-"""Which part of the model a tensor-parallel rank holds, and the start-up checks.
+"""Which part of the model a tensor-parallel rank holds, and the start-up check of the head counts.
 
 - attention: query heads split evenly (tensor_parallel_size must divide num_attention_heads); KV
   heads split evenly when there are at least as many as ranks (the count must then be a multiple
@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 
@@ -30,32 +29,6 @@ def check_tensor_parallel(size: int, num_heads: int, num_kv_heads: int) -> None:
     if num_kv_heads % size and size % num_kv_heads:
         raise ValueError(f"tensor_parallel_size {size} and the model's {num_kv_heads} KV heads "
                          f"(num_key_value_heads): one must be a multiple of the other")
-
-
-def available_devices(device: str) -> tuple[int, str]:
-    """(how many ranks the place can take, what that count is) for device "cpu" or "gcu:<id>"."""
-    if device == "cpu":
-        return os.cpu_count() or 1, "CPU cores (os.cpu_count())"
-    import paddle
-
-    kind = device.partition(":")[0]
-    devices = [d for d in paddle.device.get_available_custom_device() if d.partition(":")[0] == kind]
-    return len(devices), f"{kind} devices the plug-in reports"
-
-
-def check_devices(size: int, device: str, first_id: int) -> list[str]:
-    """The devices of ranks 0..size-1: "cpu" for each on CPU, gcu:first_id .. gcu:first_id+size-1
-    otherwise. Raises ValueError naming both numbers when there are not enough."""
-    count, what = available_devices(device)
-    if device == "cpu":
-        if size > count:
-            raise ValueError(f"tensor_parallel_size {size} exceeds the {count} {what} of this host")
-        return ["cpu"] * size
-    kind = device.partition(":")[0]
-    if first_id + size > count:
-        raise ValueError(f"tensor_parallel_size {size} on {kind}:{first_id}..{kind}:{first_id + size - 1} exceeds "
-                         f"the {count} {what}")
-    return [f"{kind}:{first_id + r}" for r in range(size)]
 
 
 def split(n: int, size: int, rank: int) -> tuple[int, int]:

@@ -51,6 +51,22 @@ def from_vllm(field: str, value) -> GuideSpec | None:
             raise InvalidRequestError(field, f"not valid JSON: {e}") from None
     if not isinstance(value, dict):
         raise InvalidRequestError(field, f"expected a JSON object, got {value!r}")
+    value, given, opts, ws = _vllm_options(field, value)
+    if not given:
+        return None
+    key = given[0]
+    sub = f"{field}.{key}"
+    spec = GuideSpec(kind=_VLLM_KINDS[key], value=_vllm_guide_text(sub, key, value[key]), field=sub,
+                     whitespace_flexible=not opts.get("disable_any_whitespace", False),
+                     whitespace_pattern=ws,
+                     additional_properties=not opts.get("disable_additional_properties", False))
+    spec.check()
+    return spec
+
+
+def _vllm_options(field: str, value: dict) -> tuple[dict, list[str], dict, str | None]:
+    """Check the keys of a vLLM guide object: (the object with a false json_object dropped, the
+    kinds given, the boolean options, whitespace_pattern). Raises InvalidRequestError naming the key."""
     for k in value:
         if k in _VLLM_UNSUPPORTED and value[k] is not None:
             raise InvalidRequestError(f"{field}.{k}", "not implemented here (supported: "
@@ -73,11 +89,11 @@ def from_vllm(field: str, value) -> GuideSpec | None:
     backend = value.get("backend")
     if backend is not None and not isinstance(backend, str):
         raise InvalidRequestError(f"{field}.backend", f"expected a string, got {backend!r}")
-    if not given:
-        return None
-    key = given[0]
-    v = value[key]
-    sub = f"{field}.{key}"
+    return value, given, opts, ws
+
+
+def _vllm_guide_text(sub: str, key: str, v) -> str:
+    """GuideSpec.value of guide kind `key` (vLLM's name) from its value `v`; sub names the key."""
     if key == "json":
         if isinstance(v, str):
             try:
@@ -86,24 +102,17 @@ def from_vllm(field: str, value) -> GuideSpec | None:
                 raise InvalidRequestError(sub, f"not valid JSON: {e}") from None
         if not isinstance(v, (dict, bool)):
             raise InvalidRequestError(sub, f"expected a JSON schema (a JSON object), got {v!r}")
-        text = json.dumps(v)
-    elif key == "json_object":  # true (false was dropped above)
-        text = ""
-    elif key == "choice":
+        return json.dumps(v)
+    if key == "json_object":  # true (false was dropped)
+        return ""
+    if key == "choice":
         if not isinstance(v, list) or not v or not all(isinstance(c, str) for c in v):
             raise InvalidRequestError(sub, f"expected a non-empty list of strings, got {v!r}")
-        text = json.dumps(v)
-    else:  # regex, grammar
-        if not isinstance(v, str) or (key == "grammar" and not v.strip()):
-            raise InvalidRequestError(sub, f"expected a non-empty string, got {v!r}" if key == "grammar"
-                                      else f"expected a string, got {v!r}")
-        text = v
-    spec = GuideSpec(kind=_VLLM_KINDS[key], value=text, field=sub,
-                     whitespace_flexible=not opts.get("disable_any_whitespace", False),
-                     whitespace_pattern=ws,
-                     additional_properties=not opts.get("disable_additional_properties", False))
-    spec.check()
-    return spec
+        return json.dumps(v)
+    if not isinstance(v, str) or (key == "grammar" and not v.strip()):  # regex, grammar
+        raise InvalidRequestError(sub, f"expected a non-empty string, got {v!r}" if key == "grammar"
+                                  else f"expected a string, got {v!r}")
+    return v
 
 
 def to_vllm(spec: GuideSpec) -> dict:

@@ -13,9 +13,11 @@ own names (TRITON_PARAMETERS) are skipped.
 Every failure is an InvalidRequestError naming `sampling_parameters.<key>`, for unknown keys, values
 of the wrong type and values out of range alike (one form, whichever way the key came). Known vLLM
 SamplingParams keys that this server does not implement (UNSUPPORTED_VLLM_KEYS) say so; any other
-unknown key is "unknown key". The ranges are the engine's own rules (SamplingParams.validate), run
-here with the model's vocabulary size: vLLM's semantics are the engine's, so this contract adds none
-of its own beyond `n` / `best_of` being 1.
+unknown key is "unknown key". The ranges are the engine's own rules: vLLM's semantics are the
+engine's, so this contract adds none of its own beyond `n` / `best_of` being 1. The engine checks
+them once, when the request is submitted (LLMEngine.check_request), and contract_error() renames
+the field it names into this contract's words; given a vocabulary size, from_vllm_json and
+from_request_parameters run the same rules at parse time (a client-side check without an engine).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import json
 import math
 
 from paddle_llm_engine.errors import InvalidRequestError
-from paddle_llm_engine.sampling_params import SamplingParams, check_prompt_length
+from paddle_llm_engine.sampling_params import SamplingParams, check_lengths
 from paddle_llm_triton.contracts import guided
 from paddle_llm_triton.contracts.values import to_bool
 
@@ -229,8 +231,21 @@ def _from_dict(obj: dict, vocab_size: int | None) -> SamplingParams:
         try:
             p.validate(vocab_size)
         except InvalidRequestError as e:  # the engine's rule, under this contract's name for the key
-            raise InvalidRequestError(f"sampling_parameters.{e.field}", e.message) from None
+            raise contract_error(e) from None
     return p
+
+
+# the engine's field names that are this contract's inputs (not sampling_parameters keys)
+_INPUT_FIELDS = ("text_input", "input_ids")
+
+
+def contract_error(e: InvalidRequestError) -> InvalidRequestError:
+    """An engine InvalidRequestError under this contract's name for its field: text_input stays,
+    a SamplingParams field becomes sampling_parameters.<key> (end_id, max_tokens, top_p, ...);
+    a field already named that way (a guide's, a parse error's) and a verbatim refusal stay."""
+    if e.field in _INPUT_FIELDS or e.field.startswith("sampling_parameters") or isinstance(e, _VerbatimInvalidRequest):
+        return e
+    return InvalidRequestError(f"sampling_parameters.{e.field}", e.message)
 
 
 def _same(noop, value) -> bool:
@@ -267,14 +282,13 @@ def check_stream_prompt(stream: bool, exclude_input_in_output: bool | None) -> N
 
 
 def check_max_tokens(p: SamplingParams, num_prompt_tokens: int, max_model_len: int) -> None:
-    """The engine's length rules before the request is queued: a prompt that alone leaves no room
-    for output names text_input with its length and the limit (the engine's own text); otherwise
-    prompt + max_tokens <= max_model_len, named sampling_parameters.max_tokens."""
-    check_prompt_length(num_prompt_tokens, max_model_len)
-    if p.max_tokens is not None and num_prompt_tokens + p.max_tokens > max_model_len:
-        raise InvalidRequestError("sampling_parameters.max_tokens",
-                                  f"prompt ({num_prompt_tokens} tokens) + max_tokens ({p.max_tokens}) exceeds "
-                                  f"max_model_len ({max_model_len})")
+    """The engine's length rules (sampling_params.check_lengths) under this contract's names: a
+    prompt that alone leaves no room for output names text_input with its length and the limit;
+    otherwise prompt + max_tokens <= max_model_len, named sampling_parameters.max_tokens."""
+    try:
+        check_lengths(num_prompt_tokens, p.max_tokens, max_model_len)
+    except InvalidRequestError as e:
+        raise contract_error(e) from None
 
 
 def to_json(p: SamplingParams) -> str:

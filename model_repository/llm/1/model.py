@@ -1,8 +1,8 @@
 """Triton decoupled model `llm`: hosts one Paddle LLM engine per model instance.
 
-Contract: Triton's vLLM backend (text_input, stream, sampling_parameters JSON, the return_* flags)
-plus TensorRT-LLM's `stop`: a request with stop = true aborts the requests in flight under the
-same Triton request id, on every instance
+Contract: Triton's vLLM backend (text_input, stream, sampling_parameters JSON, the return_* flags;
+parsed and answered by paddle_llm_triton/vllm_request.py) plus TensorRT-LLM's `stop`: a request
+with stop = true aborts the requests in flight under the same Triton request id, on every instance
 (paddle_llm_triton/stop_requests.py). execute() only parses and enqueues; the engine runs on its own
 thread and a responder thread sends the responses. The `ensemble` model's requests do not come
 through Triton: they arrive on this instance's engine channel (paddle_llm_triton/engine_channel/,
@@ -18,12 +18,8 @@ import triton_python_backend_utils as pb_utils
 import numpy as np
 
 from paddle_llm_engine import EngineBusyError, EngineConfig, EngineDeadError, EngineLoop, InvalidRequestError, LLMEngine
-from paddle_llm_engine.tokenizer import encode_prompt
 from paddle_llm_triton import tensors as T
 from paddle_llm_triton.config_params import engine_config_from_triton, serving_options
-from paddle_llm_triton.contracts.defaults import apply_default_max_tokens
-from paddle_llm_triton.contracts.vllm import (check_max_tokens, check_stream_prompt, from_request_parameters,
-                                              from_vllm_json)
 from paddle_llm_triton.control_bus import ControlBus
 from paddle_llm_triton.drain import Drain, DrainingError
 from paddle_llm_triton.engine_channel.server import ChannelServer
@@ -32,11 +28,11 @@ from paddle_llm_triton.fault_injection import install_step_fault
 from paddle_llm_triton.health import StallWatchdog
 from paddle_llm_triton.instances import instance_names
 from paddle_llm_triton.metrics import LLMMetrics
-from paddle_llm_triton.request_timeout import timeout_seconds
-from paddle_llm_triton.responder import Responder, ResponseOptions
+from paddle_llm_triton.responder import Responder
 from paddle_llm_triton.restarts import notify_failure, restart_count
 from paddle_llm_triton.senders import SenderLedger
 from paddle_llm_triton.stop_requests import StopRequests
+from paddle_llm_triton.vllm_request import VllmRequest
 
 log = logging.getLogger("llm")
 
@@ -108,34 +104,26 @@ class TritonPythonModel:
                     self._stop(request, sender)
                 else:
                     self._submit(request, sender)
-            except InvalidRequestError as e:
-                self.metrics.on_rejected("invalid")
-                sender.send(pb_utils.InferenceResponse(
-                    error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG)),
-                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-            except DrainingError as e:  # the server is shutting down: retry elsewhere
-                self.metrics.on_rejected("draining")
-                sender.send(pb_utils.InferenceResponse(
-                    error=pb_utils.TritonError(str(e), pb_utils.TritonError.UNAVAILABLE)),
-                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-            except EngineBusyError as e:  # max_num_waiting reached: refused at once, nothing queued
-                self.metrics.on_rejected("queue_full")
-                sender.send(pb_utils.InferenceResponse(
-                    error=pb_utils.TritonError(str(e), pb_utils.TritonError.UNAVAILABLE)),
-                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-            except EngineDeadError as e:  # fail fast, naming the original failure
-                self.metrics.on_rejected("not_serving")
-                sender.send(pb_utils.InferenceResponse(
-                    error=pb_utils.TritonError(f"llm instance {self.instance} is not serving: {e}",
-                                               pb_utils.TritonError.INTERNAL)),
-                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-            except Exception as e:  # unexpected: fail this request, keep serving
-                log.exception("request rejected")
-                self.metrics.on_rejected("internal")
-                sender.send(pb_utils.InferenceResponse(
-                    error=pb_utils.TritonError(f"{type(e).__name__}: {e}", pb_utils.TritonError.INTERNAL)),
-                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            except Exception as e:  # refused: one final error response, the instance keeps serving
+                self._refuse(sender, e)
         return None
+
+    def _refuse(self, sender, e: Exception):
+        """Answer a refused request: bad input INVALID_ARG; draining (retry elsewhere) and a full
+        waiting queue (nothing queued) UNAVAILABLE; a failed engine or anything unexpected INTERNAL."""
+        E = pb_utils.TritonError
+        if isinstance(e, InvalidRequestError):
+            reason, text, code = "invalid", str(e), E.INVALID_ARG
+        elif isinstance(e, (DrainingError, EngineBusyError)):
+            reason, text, code = ("draining" if isinstance(e, DrainingError) else "queue_full"), str(e), E.UNAVAILABLE
+        elif isinstance(e, EngineDeadError):  # fail fast, naming the original failure
+            reason, text, code = "not_serving", f"llm instance {self.instance} is not serving: {e}", E.INTERNAL
+        else:
+            log.exception("request rejected")
+            reason, text, code = "internal", f"{type(e).__name__}: {e}", E.INTERNAL
+        self.metrics.on_rejected(reason)
+        sender.send(pb_utils.InferenceResponse(error=E(text, code)),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def _stop(self, request, sender):
         """TensorRT-LLM `stop`: abort the requests in flight under this request's id; answer at once."""
@@ -150,60 +138,15 @@ class TritonPythonModel:
             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def _submit(self, request, sender):
+        """A direct vLLM-contract request: parse, register its responses, submit to the engine."""
         self.drain.refuse_if_draining()
         self.loop.raise_if_dead()  # fail fast once the engine has failed
-        text = T.get_str(request, "text_input")
-        if text is None:
-            raise InvalidRequestError("text_input", "required")
-        if text == "":
-            raise InvalidRequestError("text_input", "must not be empty")
-        prompt_ids = encode_prompt(self.tokenizer, text)
-        # sampling parameters: the sampling_parameters tensor, else the request's Triton parameters
-        # (the vLLM backend's rule: with the tensor, request parameters are not read); range-checked
-        # here so that every error names sampling_parameters.<key>
-        sp_text = T.get_str(request, "sampling_parameters")
-        vocab = self.engine.model_config.vocab_size
-        if sp_text is not None:
-            params, pflags = from_vllm_json(sp_text, vocab), {}
-        else:
-            params, pflags = from_request_parameters(request.parameters(), vocab)
-
-        def flag(name: str) -> bool | None:
-            """A BOOL input: the tensor, else a request parameter of that name (gRPC clients)."""
-            v = T.get_bool(request, name)
-            return pflags.get(name) if v is None else v
-
-        limit = self.engine.config.max_model_len
-        n_prompt = len(params.truncated_prompt(prompt_ids, limit))
-        apply_default_max_tokens(params, n_prompt, limit, self.default_max_tokens)
-        check_max_tokens(params, n_prompt, limit)
-        stream = bool(flag("stream"))
-        # The prompt text is prepended to a non-streamed answer unless exclude_input_in_output is
-        # True (the vLLM backend's semantics); a stream never repeats it, and a client that asks
-        # for it while streaming gets an error, as from the vLLM backend.
-        exclude = flag("exclude_input_in_output")
-        check_stream_prompt(stream, exclude)
-        want_lp = bool(flag("return_logprobs"))
-        want_cum = bool(flag("return_cumulative_logprob"))
-        opts = ResponseOptions(
-            stream=stream,
-            prompt_text=text if not stream and not exclude else None,
-            return_finish_reason=bool(flag("return_finish_reason")),
-            return_num_input_tokens=bool(flag("return_num_input_tokens")),
-            return_num_output_tokens=bool(flag("return_num_output_tokens")),
-            return_logprobs=want_lp,
-            # vLLM: return_logprobs without `logprobs` asked is JSON null (vLLM computes none)
-            logprobs_null=want_lp and params.logprobs is None,
-            skip_special_tokens=params.skip_special_tokens,
-            return_cumulative_logprob=want_cum,
-        )
-        # values are computed only when some output will carry them
-        params.compute_logprobs = want_lp or want_cum
+        req = VllmRequest.parse(request, self.tokenizer, self.engine.config.max_model_len, self.default_max_tokens)
         rid = uuid.uuid4().hex
-        self.responder.register(rid, sender, opts)
+        self.responder.register(rid, sender, req.options)
         self.stops.add(request.request_id(), rid)
         try:
-            self.loop.submit(rid, prompt_ids, params, self._on_output, timeout_s=timeout_seconds(request))
+            req.submit(self.loop, rid, self._on_output)
         except Exception:
             self.responder.discard(rid)
             self.stops.remove(rid)

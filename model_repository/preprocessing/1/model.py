@@ -1,6 +1,7 @@
 """Ensemble step 1: text -> token ids, and the TensorRT-LLM parameter tensors -> one validated
-sampling_parameters JSON for the `llm` step (the rules: paddle_llm_triton/contracts/trtllm.py). Bad
-values fail here with INVALID_ARG naming the tensor, before the engine sees the request."""
+sampling_parameters JSON for the engine request the ensemble pipeline sends to an `llm` instance
+(the rules: paddle_llm_triton/contracts/trtllm.py). Bad values fail here with INVALID_ARG naming
+the tensor, before any engine sees the request."""
 
 import json
 import logging

@@ -5,10 +5,9 @@ Built once at set-up (`scripts/setup.sh` runs `build.py`, cached by source hash 
 `paddle_llm_ops` stay the reference and the fallback: nothing here changes them.
 
 Dispatch: every op runs either its AVX2+FMA code or its portable C++ code, chosen by the `isa`
-argument ("avx2_fma" | "generic"; None = the process default set with `select_isa`, initially
-"generic"). The caller (the platform layer) decides from the CPU's flags; the library additionally
-refuses "avx2_fma" on a CPU without AVX2+FMA (ValueError here, an error from the op if forced), so
-an instruction the CPU lacks is never executed.
+argument ("avx2_fma" | "generic"; default "generic"). The caller (the platform layer) decides from
+the CPU's flags; the library additionally refuses "avx2_fma" on a CPU without AVX2+FMA (the op
+raises), so an instruction the CPU lacks is never executed.
 
 Threads: only large ops (GEMV over big weights, attention over long contexts, long prefill rows)
 open an OpenMP region, on the OpenMP runtime the paddle wheel already uses (libiomp5: one team
@@ -45,7 +44,7 @@ ISAS = ("avx2_fma", "generic")
 # Batches up to this size use our GEMV in `linear`; larger ones (prefill) use paddle.matmul on the
 # same [N, K] weight with transpose_y=True (MKL). Host-dependent (benchmarks/bench_kernels.py
 # --only crossover): on the AVX-512 Xeon this was written on, MKL's AVX-512 kernels overtake our
-# AVX2 GEMV between 8 and 24 rows (cold weights); set_gemv_max_batch changes it.
+# AVX2 GEMV between 8 and 24 rows (cold weights).
 GEMV_MAX_BATCH = 16
 # int8: above this batch the weight is dequantized to a temporary fp32 [N, K] and multiplied by
 # paddle.matmul (the temporary lives for one call only; the model keeps the int8 copy alone).
@@ -60,7 +59,6 @@ class KernelsNotBuiltError(RuntimeError):
 _lock = threading.Lock()
 _loaded_path: Path | None = None
 _cdll: ctypes.CDLL | None = None
-_isa = "generic"
 
 
 def library_path() -> Path:
@@ -87,11 +85,6 @@ def load() -> Path:
         load_op_meta_info_and_register_op(str(path))
         _cdll = ctypes.CDLL(str(path))  # the same handle: reaches the library's C entry points
         _cdll.plk_set_num_threads.argtypes = [ctypes.c_int]
-        _cdll.plk_read_probe.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int]
-        _cdll.plk_read_probe.restype = ctypes.c_int
-        _cdll.plk_set_threading_policy.argtypes = [ctypes.c_int]
-        _cdll.plk_fork_join_probe.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
-        _cdll.plk_fork_join_probe.restype = ctypes.c_double
         _loaded_path = path
         return path
 
@@ -116,25 +109,6 @@ def supported_isas() -> tuple[str, ...]:
     return ISAS if cpu_supports_avx2_fma() else ("generic",)
 
 
-def select_isa(isa: str) -> None:
-    """Set the process default isa for ops called with isa=None. Raises ValueError for an unknown
-    name or for "avx2_fma" on a CPU without AVX2+FMA."""
-    global _isa
-    _isa = _check_isa(isa)
-
-
-def get_isa() -> str:
-    return _isa
-
-
-def _check_isa(isa: str) -> str:
-    if isa not in ISAS:
-        raise ValueError(f"unknown isa {isa!r} (expected one of {', '.join(ISAS)})")
-    if isa == "avx2_fma" and not cpu_supports_avx2_fma():
-        raise ValueError("isa 'avx2_fma' requested but this CPU does not support AVX2 and FMA")
-    return isa
-
-
 def set_num_threads(n: int) -> None:
     """Threads the kernels may use (n >= 1); n <= 0 restores the default (CPUs in the affinity mask)."""
     load()
@@ -142,33 +116,9 @@ def set_num_threads(n: int) -> None:
 
 
 def get_num_threads() -> int:
+    """The thread count the kernels use now."""
     load()
     return int(_cdll.plk_num_threads())
-
-
-_POLICIES = {"auto": 0, "always": 1, "never": 2}
-
-
-def set_threading_policy(policy: str) -> None:
-    """Benchmarks only: "auto" (default; threads only above each op's work threshold), "always"
-    (every op opens a parallel region of get_num_threads() threads), "never" (one thread)."""
-    load()
-    _cdll.plk_set_threading_policy(_POLICIES[policy])
-
-
-def fork_join_probe(iters: int, threads: int, idle_us: int = 0) -> float:
-    """Mean microseconds of an empty OpenMP region of `threads` threads on the kernels' OpenMP
-    runtime, each region after `idle_us` of serial work on the calling thread (benchmark)."""
-    load()
-    return float(_cdll.plk_fork_join_probe(int(iters), int(threads), int(idle_us)))
-
-
-def read_bandwidth_probe(buf: np.ndarray, threads: int, avx2: bool = True) -> int:
-    """Read every float of the contiguous fp32 array `buf` once with `threads` threads (the
-    benchmark times this to measure the host's read bandwidth). Returns a checksum."""
-    load()
-    assert buf.dtype == np.float32 and buf.flags.c_contiguous
-    return _cdll.plk_read_probe(buf.ctypes.data, buf.size, int(threads), int(bool(avx2)))
 
 
 def _run(op: str, *args):
@@ -179,16 +129,15 @@ def _run(op: str, *args):
         raise ValueError(f"{op}: {e}") from None
 
 
-def _resolve(isa: str | None) -> str:
-    if isa is None:
-        return _isa
+def _resolve(isa: str) -> str:
     if isa not in ISAS:
         raise ValueError(f"unknown isa {isa!r} (expected one of {', '.join(ISAS)})")
     return isa
 
 
 # ------------------------------------------------------------------------------------ GEMV
-def gemv(x: paddle.Tensor, w: paddle.Tensor, bias: paddle.Tensor | None = None, isa: str | None = None) -> paddle.Tensor:
+def gemv(x: paddle.Tensor, w: paddle.Tensor, bias: paddle.Tensor | None = None,
+         isa: str = "generic") -> paddle.Tensor:
     """y = x @ w^T (+ bias), streaming the weight once per call.
 
     x: [B, K] fp32 contiguous; w: [N, K] fp32 contiguous (the HF Linear layout "out, in", and the
@@ -199,7 +148,8 @@ def gemv(x: paddle.Tensor, w: paddle.Tensor, bias: paddle.Tensor | None = None, 
     return _run("plk_gemv", x, w, bias, _resolve(isa))[0]
 
 
-def linear(x: paddle.Tensor, w: paddle.Tensor, bias: paddle.Tensor | None = None, isa: str | None = None) -> paddle.Tensor:
+def linear(x: paddle.Tensor, w: paddle.Tensor, bias: paddle.Tensor | None = None,
+           isa: str = "generic") -> paddle.Tensor:
     """x [B, K] @ w [N, K]^T (+ bias [N]) -> [B, N]: `gemv` for B <= GEMV_MAX_BATCH, else
     paddle.matmul(x, w, transpose_y=True) on the same weight (no second copy)."""
     if x.shape[0] <= GEMV_MAX_BATCH:
@@ -208,29 +158,18 @@ def linear(x: paddle.Tensor, w: paddle.Tensor, bias: paddle.Tensor | None = None
     return y if bias is None else y + bias
 
 
-def set_gemv_max_batch(fp32: int | None = None, int8: int | None = None) -> None:
-    """Set the batch sizes up to which `linear` / `linear_int8` use our GEMV. Measure the host's
-    crossover with `benchmarks/bench_kernels.py --only crossover` (cold weights: a timing with the
-    weight in cache favours MKL's wider kernels at small batches and misleads)."""
-    global GEMV_MAX_BATCH, GEMV_INT8_MAX_BATCH
-    if fp32 is not None:
-        GEMV_MAX_BATCH = int(fp32)
-    if int8 is not None:
-        GEMV_INT8_MAX_BATCH = int(int8)
-
-
 def gemv_int8(x: paddle.Tensor, q: paddle.Tensor, scale: paddle.Tensor, bias: paddle.Tensor | None = None,
-              isa: str | None = None) -> paddle.Tensor:
+              isa: str = "generic") -> paddle.Tensor:
     """Weight-only int8: y[b, n] = (sum_k x[b, k] * q[n, k]) * scale[n] (+ bias[n]).
 
     x: [B, K] fp32; q: [N, K] int8 (from quantize_int8); scale: [N] fp32; bias: [N] fp32 or None.
-    Returns [B, N] fp32. The sum uses the fixed order of `gemv` (reproduced exactly by
-    `gemv_int8_reference`). Raises ValueError on wrong dtypes/shapes/places."""
+    Returns [B, N] fp32. The sum uses the fixed order of `gemv` (the unit tests reproduce it
+    exactly in numpy). Raises ValueError on wrong dtypes/shapes/places."""
     return _run("plk_gemv_int8", x, q, scale, bias, _resolve(isa))[0]
 
 
 def linear_int8(x: paddle.Tensor, q: paddle.Tensor, scale: paddle.Tensor, bias: paddle.Tensor | None = None,
-                isa: str | None = None) -> paddle.Tensor:
+                isa: str = "generic") -> paddle.Tensor:
     """`gemv_int8` for B <= GEMV_INT8_MAX_BATCH; above, x @ dequantize_int8(q, scale)^T with
     paddle.matmul (a temporary fp32 weight for the duration of the call)."""
     if x.shape[0] <= GEMV_INT8_MAX_BATCH:
@@ -274,46 +213,15 @@ def dequantize_int8(q: paddle.Tensor, scale: paddle.Tensor) -> paddle.Tensor:
     return q.astype("float32") * scale.unsqueeze(1)
 
 
-def gemv_int8_reference(x: np.ndarray, q: np.ndarray, scale: np.ndarray, bias: np.ndarray | None = None,
-                        fused: bool = True) -> np.ndarray:
-    """numpy model of gemv_int8's arithmetic, summation order included (tests compare bit for bit).
-    fused=True models the avx2_fma path (one rounding per multiply-add: the product of an fp32 and
-    an int8 is exact in float64, so float64 add + one rounding to fp32 equals the FMA unless the
-    float64 sum itself rounds, which needs operands ~2^29 apart), fused=False the generic path."""
-    x = np.asarray(x, np.float32)
-    qf = np.asarray(q).astype(np.float32)
-    b, k = x.shape
-    n = qf.shape[0]
-    kp = -(-k // 8) * 8
-    xp = np.zeros((b, kp), np.float32)
-    xp[:, :k] = x
-    qp = np.zeros((n, kp), np.float32)
-    qp[:, :k] = qf
-    xr, qr = xp.reshape(b, kp // 8, 8), qp.reshape(n, kp // 8, 8)
-    acc = np.zeros((b, n, 8), np.float32)
-    for t in range(kp // 8):
-        xt, qt = xr[:, None, t, :], qr[None, :, t, :]
-        if fused:
-            acc = (xt.astype(np.float64) * qt.astype(np.float64) + acc.astype(np.float64)).astype(np.float32)
-        else:
-            acc = acc + xt * qt
-    a = acc[..., :4] + acc[..., 4:]
-    s = (a[..., 0] + a[..., 2]) + (a[..., 1] + a[..., 3])
-    y = s * np.asarray(scale, np.float32)[None, :]
-    if bias is not None:
-        y = y + np.asarray(bias, np.float32)[None, :]
-    return y.astype(np.float32)
-
-
 # --------------------------------------------------------------------------------- RMSNorm
-def rms_norm(x: paddle.Tensor, weight: paddle.Tensor, eps: float, isa: str | None = None) -> paddle.Tensor:
+def rms_norm(x: paddle.Tensor, weight: paddle.Tensor, eps: float, isa: str = "generic") -> paddle.Tensor:
     """y = x / sqrt(mean(x^2, -1) + eps) * weight. x: [T, H] fp32, weight: [H]. Returns [T, H].
     Also serves per-head norms (Qwen3 q/k norm) with x reshaped to [T * heads, head_dim]."""
     return _run("plk_rms_norm", x, weight, float(eps), _resolve(isa))[0]
 
 
 def add_rms_norm(x: paddle.Tensor, residual: paddle.Tensor, weight: paddle.Tensor, eps: float,
-                 isa: str | None = None) -> tuple[paddle.Tensor, paddle.Tensor]:
+                 isa: str = "generic") -> tuple[paddle.Tensor, paddle.Tensor]:
     """s = x + residual; returns (rms_norm(s, weight, eps), s), both [T, H] fp32, in one pass.
     Replaces `h = h + delta; x = rms_norm(h, w, eps)` of the decoder (s is the new residual h)."""
     y, s = _run("plk_add_rms_norm", x, residual, weight, float(eps), _resolve(isa))
@@ -324,7 +232,7 @@ def add_rms_norm(x: paddle.Tensor, residual: paddle.Tensor, weight: paddle.Tenso
 def rotary_kv_write(qkv: paddle.Tensor, positions: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor,
                     k_cache: paddle.Tensor, v_cache: paddle.Tensor, slot_mapping: paddle.Tensor, num_heads: int,
                     num_kv_heads: int, q_norm: paddle.Tensor | None = None, k_norm: paddle.Tensor | None = None,
-                    eps: float = 1e-6, isa: str | None = None) -> paddle.Tensor:
+                    eps: float = 1e-6, isa: str = "generic") -> paddle.Tensor:
     """Rotary embedding (rotate-half) of q and k plus the paged KV write, in one pass, no concat.
 
     qkv: [T, (num_heads + 2 * num_kv_heads) * d] fp32, the fused projection output (q heads, then
@@ -344,7 +252,7 @@ def rotary_kv_write(qkv: paddle.Tensor, positions: paddle.Tensor, cos: paddle.Te
 # --------------------------------------------------------------------- paged decode attention
 def paged_decode_attention(q: paddle.Tensor, k_cache: paddle.Tensor, v_cache: paddle.Tensor,
                            block_tables: paddle.Tensor, context_lens: paddle.Tensor, scale: float, block_size: int,
-                           isa: str | None = None) -> paddle.Tensor:
+                           isa: str = "generic") -> paddle.Tensor:
     """Decode attention reading K/V straight from each sequence's blocks.
 
     q: [B, num_heads, d] fp32 (one new token per sequence, already rotated and its k/v already in
@@ -360,8 +268,7 @@ def paged_decode_attention(q: paddle.Tensor, k_cache: paddle.Tensor, v_cache: pa
 
 __all__ = [
     "GEMV_INT8_MAX_BATCH", "GEMV_MAX_BATCH", "ISAS", "KernelsNotBuiltError", "add_rms_norm", "available",
-    "cpu_supports_avx2_fma", "dequantize_int8", "gemv", "gemv_int8", "gemv_int8_reference", "get_isa",
-    "fork_join_probe", "get_num_threads", "library_path", "linear", "linear_int8", "load", "paged_decode_attention", "quantize_int8",
-    "quantize_int8_numpy", "read_bandwidth_probe", "rms_norm", "rotary_kv_write", "select_isa", "set_gemv_max_batch", "set_num_threads", "set_threading_policy",
-    "supported_isas",
+    "cpu_supports_avx2_fma", "dequantize_int8", "gemv", "gemv_int8", "get_num_threads", "library_path", "linear",
+    "linear_int8", "load", "paged_decode_attention", "quantize_int8", "quantize_int8_numpy", "rms_norm",
+    "rotary_kv_write", "set_num_threads", "supported_isas",
 ]

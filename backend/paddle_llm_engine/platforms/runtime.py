@@ -1,0 +1,134 @@
+"""What differs between the kinds of place at run time, decided here and nowhere else: how a process
+binds to its device, how many kernel threads it runs, how much memory is left for the KV cache,
+how many devices tensor parallelism can use, and which collective backend its ranks join.
+
+One Platform object per device kind: CpuPlatform ("cpu") and GcuPlatform ("gcu", the
+paddle-custom-gcu plug-in); platform_for(device) picks it. The worker (worker/worker.py) and the
+tensor-parallel executor (executor/) only call these methods.
+"""
+
+from __future__ import annotations
+
+import os
+
+from paddle_llm_engine.platforms.device import (Device, check_gcu_versions, gcu_available_memory,
+                                                host_available_memory)
+
+
+class Platform:
+    """The run-time decisions for one device kind (see the module docstring)."""
+
+    kind = ""
+
+    def kernel_threads(self, num_threads: int, ranks_on_host: int = 1) -> int:
+        """CPU threads for one process's kernels: the operator's num_threads when set (> 0), else the
+        host's cores shared evenly by the `ranks_on_host` processes of one engine (at least 1)."""
+        return num_threads or max(1, (os.cpu_count() or 1) // max(1, ranks_on_host))
+
+    def activate(self, device: Device, threads: int) -> None:
+        """Bind this process to `device` (Paddle's current place) with `threads` kernel threads."""
+        raise NotImplementedError
+
+    def configure_kernels(self, plan, threads: int) -> None:
+        """Settings of the optional kernels the platform plan turned on (nothing by default)."""
+
+    def available_memory(self, device: Device, ranks_on_host: int = 1) -> int | None:
+        """Bytes the KV cache of one rank could take now (weights loaded), or None when unknown."""
+        raise NotImplementedError
+
+    def device_count(self, device: Device) -> tuple[int, str]:
+        """(how many ranks of one engine this kind of place can hold, what that count is)."""
+        raise NotImplementedError
+
+    def rank_devices(self, size: int, device: Device) -> list[Device]:
+        """The devices of ranks 0 .. size - 1 of an engine whose first device is `device`. Raises
+        ValueError naming both numbers when there are not enough."""
+        raise NotImplementedError
+
+    def collective_env(self, device: Device) -> dict[str, str]:
+        """The environment that makes a rank on `device` join paddle.distributed's collective
+        backend for this kind of place."""
+        raise NotImplementedError
+
+
+class CpuPlatform(Platform):
+    """The host CPU: Paddle's CPU kernels (and the C++ CPU kernels where the plan turns them on),
+    gloo collectives, the host's available memory shared by the ranks."""
+
+    kind = "cpu"
+
+    def activate(self, device: Device, threads: int) -> None:
+        import paddle
+
+        paddle.set_device("cpu")
+        # Paddle sets OMP_NUM_THREADS=1 on import when it is unset: the count is always set here.
+        paddle.base.core.set_num_threads(threads)
+
+    def configure_kernels(self, plan, threads: int) -> None:
+        """The C++ CPU kernels use as many threads as Paddle's kernels."""
+        if plan.cpu_isa is not None:
+            from paddle_llm_ops import cpu_kernels
+
+            cpu_kernels.set_num_threads(threads)
+
+    def available_memory(self, device: Device, ranks_on_host: int = 1) -> int | None:
+        """The host's MemAvailable, split evenly between the ranks that share the host."""
+        avail = host_available_memory()
+        return None if avail is None else avail // max(1, ranks_on_host)
+
+    def device_count(self, device: Device) -> tuple[int, str]:
+        return os.cpu_count() or 1, "CPU cores (os.cpu_count())"
+
+    def rank_devices(self, size: int, device: Device) -> list[Device]:
+        count, what = self.device_count(device)
+        if size > count:
+            raise ValueError(f"tensor_parallel_size {size} exceeds the {count} {what} of this host")
+        return [Device.CPU] * size
+
+    def collective_env(self, device: Device) -> dict[str, str]:
+        return {"PADDLE_DISTRI_BACKEND": "gloo"}
+
+
+class GcuPlatform(Platform):
+    """An Enflame GCU through the paddle-custom-gcu plug-in (CustomDevice type "gcu"). The plug-in's
+    version is checked on every activation; collectives go through Paddle's xccl backend over the
+    plug-in's library (not run here: no GCU host)."""
+
+    kind = "gcu"
+
+    def activate(self, device: Device, threads: int) -> None:
+        import paddle
+
+        check_gcu_versions()
+        paddle.set_device(str(device))
+
+    def available_memory(self, device: Device, ranks_on_host: int = 1) -> int | None:
+        """Memory not yet held by Paddle on this device (each rank has its own device)."""
+        return gcu_available_memory(str(device))
+
+    def device_count(self, device: Device) -> tuple[int, str]:
+        import paddle
+
+        found = [d for d in paddle.device.get_available_custom_device() if d.partition(":")[0] == device.kind]
+        return len(found), f"{device.kind} devices the plug-in reports"
+
+    def rank_devices(self, size: int, device: Device) -> list[Device]:
+        count, what = self.device_count(device)
+        first = device.index
+        if first + size > count:
+            raise ValueError(f"tensor_parallel_size {size} on {device.kind}:{first}..{device.kind}:{first + size - 1} "
+                             f"exceeds the {count} {what}")
+        return [Device(device.kind, first + r) for r in range(size)]
+
+    def collective_env(self, device: Device) -> dict[str, str]:
+        return {"PADDLE_DISTRI_BACKEND": "xccl", "PADDLE_XCCL_BACKEND": device.kind,
+                f"FLAGS_selected_{device.kind}s": str(device.index)}
+
+
+_PLATFORMS = {"cpu": CpuPlatform(), "gcu": GcuPlatform()}
+
+
+def platform_for(device: Device | str) -> Platform:
+    """The Platform of a device ("cpu", "gcu:<id>" or a Device). Raises ValueError for another kind."""
+    kind = Device.parse(device).kind
+    return _PLATFORMS[kind]

@@ -1,0 +1,76 @@
+"""Request intake: the one place a request is checked, on the caller's thread, before it is queued.
+
+check_request(prompt_ids, params) -> PreparedRequest runs every rule of the engine once (the
+prompt's length and token ids, SamplingParams.validate, the max_tokens rule, a guide that must
+compile) and raises InvalidRequestError naming the field at once; EngineLoop.submit calls it before
+anything is queued, so an adapter answers a bad request synchronously and only renames the field
+into its contract's words. What it derives (the truncated prompt, max_tokens and EOS ids resolved,
+the bad words as token ids, one compiled guide per sequence) travels in the PreparedRequest, and
+the params in it are a frozen copy: nothing changes them afterwards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from paddle_llm_engine.errors import InvalidRequestError
+from paddle_llm_engine.guided import GuidedDecoding
+from paddle_llm_engine.sampling_params import SamplingParams, check_lengths, check_prompt_length
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """A request the engine accepted.
+
+    prompt_token_ids: the prompt as the engine runs it (truncate_prompt_tokens applied); params:
+    a frozen copy of the request's SamplingParams; max_tokens: resolved (max_model_len - prompt
+    when the request sent none); eos_token_ids: the request's end ids, else the model's;
+    bad_words_ids: params.bad_words tokenized plus params.bad_words_ids; guides: one compiled
+    guided.GuideState per sequence (params.n of them) when params.guide is set, else ()."""
+
+    prompt_token_ids: tuple[int, ...]
+    params: SamplingParams
+    max_tokens: int
+    eos_token_ids: tuple[int, ...]
+    bad_words_ids: tuple[tuple[int, ...], ...] = ()
+    guides: tuple = ()
+
+
+class RequestChecker:
+    """The engine's request rules, callable from any thread (it reads only settings, the tokenizer
+    and the guide compiler, which is thread-safe).
+
+    max_model_len / vocab_size: the engine's limits; tokenizer: encodes bad words; eos_token_ids:
+    the model's default end ids; guided: the engine's GuidedDecoding."""
+
+    def __init__(self, max_model_len: int, vocab_size: int, tokenizer, eos_token_ids: list[int],
+                 guided: GuidedDecoding):
+        self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+        self.tokenizer = tokenizer
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.guided = guided
+
+    def check(self, prompt_token_ids: list[int], params: SamplingParams) -> PreparedRequest:
+        """The PreparedRequest of a prompt (token ids) and its params. Raises InvalidRequestError
+        naming the field: text_input (empty, too long), input_ids (an id outside the vocabulary),
+        max_tokens, a SamplingParams field, or the guide's field when it does not compile."""
+        if len(prompt_token_ids) == 0:
+            raise InvalidRequestError("text_input", "the prompt is empty (0 tokens)")
+        ids = [int(t) for t in params.truncated_prompt(list(prompt_token_ids), self.max_model_len)]
+        check_prompt_length(len(ids), self.max_model_len)
+        vocab = self.vocab_size
+        bad = [t for t in (min(ids), max(ids)) if not 0 <= t < vocab]
+        if bad:  # the embedding lookup would fail the whole step, and with it every request in flight
+            raise InvalidRequestError("input_ids", f"token id {bad[0]} outside the vocabulary [0, {vocab})")
+        params.validate(vocab)
+        max_tokens = check_lengths(len(ids), params.max_tokens, self.max_model_len)
+        eos = tuple(params.eos_token_ids) if params.eos_token_ids is not None else self.eos_token_ids
+        frozen = params.frozen()
+        bad_words = tuple(tuple(int(t) for t in self.tokenizer.encode(w, add_special_tokens=False))
+                          for w in frozen.bad_words) + tuple(tuple(w) for w in frozen.bad_words_ids)
+        guides = ()
+        if frozen.guide is not None:  # compile errors name the guide's field; the first masks start now
+            stop_ids = sorted(set(frozen.stop_token_ids) | (set() if frozen.ignore_eos else set(eos)))
+            guides = tuple(self.guided.new_state(frozen.guide, stop_ids) for _ in range(frozen.n))
+        return PreparedRequest(tuple(ids), frozen, max_tokens, eos, bad_words, guides)

@@ -1,0 +1,79 @@
+"""A Step (step.py) packed into the model's inputs on a worker's device.
+
+Tokens are packed without padding in the step's order (decodes first, then prompt chunks); the
+attention metadata carries each token's cache slot, and for the decodes either their context slots
+with an additive mask ("slots") or their block tables and context lengths ("block_tables"),
+whichever the worker's OpSet reads (OpSet.decode_metadata).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import paddle
+
+from paddle_llm_engine.models.attention_metadata import AttentionMetadata, PrefillChunk
+from paddle_llm_engine.step import Step
+
+
+@dataclass
+class ModelInputs:
+    """input_ids / positions: [T] int64 on the device; meta: the step's AttentionMetadata;
+    last_rows: [num_sampled] int64 host array, the packed row of each sampled entry's last token."""
+
+    input_ids: paddle.Tensor
+    positions: paddle.Tensor
+    meta: AttentionMetadata
+    last_rows: np.ndarray
+
+
+def slots(block_table, start: int, end: int, block_size: int) -> np.ndarray:
+    """Cache slots [end - start] int64 of positions start .. end - 1 of a sequence."""
+    pos = np.arange(start, end, dtype=np.int64)
+    bt = np.asarray(block_table, dtype=np.int64)
+    return bt[pos // block_size] * block_size + pos % block_size
+
+
+def pack_step(step: Step, block_size: int, decode_metadata: str) -> ModelInputs:
+    """The ModelInputs of `step`. decode_metadata: "slots" or "block_tables" (see the module docstring)."""
+    ids, pos, slot_parts, last_rows, chunks = [], [], [], [], []
+    row = 0
+    for s in step.seqs:
+        n, start = s.num_tokens, s.start
+        ids.append(np.asarray(s.token_ids, dtype=np.int64))
+        pos.append(np.arange(start, start + n, dtype=np.int64))
+        slot_parts.append(slots(s.block_table, start, start + n, block_size))
+        if n > 1:
+            chunks.append(PrefillChunk(row, n, start, paddle.to_tensor(slots(s.block_table, 0, start + n, block_size))))
+        if s.samples:
+            last_rows.append(row + n - 1)
+        row += n
+    decodes = [s for s in step.seqs if s.num_tokens == 1]
+    meta = AttentionMetadata(slot_mapping=paddle.to_tensor(np.concatenate(slot_parts)), num_decodes=len(decodes),
+                             prefills=chunks)
+    if decodes:
+        _decode_metadata(meta, decodes, block_size, decode_metadata)
+    return ModelInputs(paddle.to_tensor(np.concatenate(ids)), paddle.to_tensor(np.concatenate(pos)), meta,
+                       np.asarray(last_rows, dtype=np.int64))
+
+
+def _decode_metadata(meta: AttentionMetadata, decodes, block_size: int, form: str) -> None:
+    ctx = [s.start + 1 for s in decodes]
+    if form == "block_tables":
+        nblk = max(-(-c // block_size) for c in ctx)
+        tables = np.zeros((len(decodes), nblk), dtype=np.int32)
+        for i, (s, c) in enumerate(zip(decodes, ctx)):
+            used = -(-c // block_size)
+            tables[i, :used] = s.block_table[:used]
+        meta.decode_block_tables = paddle.to_tensor(tables)
+        meta.decode_context_lens = paddle.to_tensor(np.asarray(ctx, dtype=np.int32))
+        return
+    width = max(ctx)
+    dslots = np.zeros((len(decodes), width), dtype=np.int64)
+    mask = np.full((1, len(decodes), 1, width), -np.inf, dtype=np.float32)
+    for i, (s, c) in enumerate(zip(decodes, ctx)):
+        dslots[i, :c] = slots(s.block_table, 0, c, block_size)
+        mask[0, i, 0, :c] = 0.0
+    meta.decode_slots = paddle.to_tensor(dslots)
+    meta.decode_mask = paddle.to_tensor(mask)

@@ -1,0 +1,162 @@
+"""The Worker: one device's share of an engine. The same class runs in the engine process (one
+device) and in every tensor-parallel rank (its shard of the model).
+
+Start-up runs in explicit steps, so that an executor can agree on the KV-cache size with other
+ranks between them:
+1. Worker(...): bind the process to the device (platform layer: place, kernel threads), decide the
+   platform plan (dtype, KV-cache dtype, kernels, quantization), build the OpSet, build the model
+   and load its weights;
+2. determine_num_kv_blocks(): how many KV blocks fit (the explicit num_kv_blocks, else the memory
+   budget over the bytes of one block);
+3. initialize_cache(n): allocate n blocks in every layer.
+Then execute(step) runs one engine Step (step.py: plain data) and returns the logits of the
+sampled rows. A worker never sees a request, a Sequence or a sampler: what to sample is decided
+on the engine side, from these logits.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import numpy as np
+import paddle
+
+from paddle_llm_engine.config import EngineConfig, ModelConfig
+from paddle_llm_engine.models import build_model
+from paddle_llm_engine.platforms import Device, platform_for, plan_for_device
+from paddle_llm_engine.step import Step
+from paddle_llm_engine.worker.inputs import pack_step
+from paddle_llm_ops import build_opset, copy_blocks, gather_last_tokens
+
+log = logging.getLogger(__name__)
+
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+class Worker:
+    """The model and KV cache of one device.
+
+    engine_config / model_config: the engine's settings and the config of the model this worker
+    holds (a tensor-parallel rank's has its shard's head counts); device: where it runs;
+    make_model(model_config, ops, dtype): the model object, weights not loaded (default: the whole
+    model, models.build_model); ranks_on_host: processes of one engine sharing this host (CPU
+    threads and memory are split between them); threads: kernel threads (default: the platform
+    layer's choice from num_threads).
+
+    Raises PlatformError for a dtype / kernel the place cannot run, ValueError for a KV cache that
+    cannot hold one sequence, RuntimeError naming the KV settings when the device cannot allocate
+    the cache."""
+
+    def __init__(self, engine_config: EngineConfig, model_config: ModelConfig, device: Device | str,
+                 make_model: Callable | None = None, ranks_on_host: int = 1, threads: int | None = None):
+        self.config = engine_config
+        self.model_config = model_config
+        self.device = Device.parse(device)
+        self.platform = platform_for(self.device)
+        self.ranks_on_host = ranks_on_host
+        self.block_size = engine_config.block_size
+        self.threads = threads or self.platform.kernel_threads(engine_config.num_threads, ranks_on_host)
+        self.platform.activate(self.device, self.threads)
+        self.plan = plan_for_device(self.device, engine_config.dtype, engine_config.kv_cache_dtype,
+                                    engine_config.kernels, engine_config.quantization)
+        gather = self.plan.kv_gather_dtype if self.plan.kv_gather_dtype != self.plan.kv_cache_dtype else None
+        self.ops = build_opset(fused_rms_norm=self.plan.kernels.get("fused_rms_norm", False),
+                               kv_gather_dtype=gather, fused_moe=self.plan.kernels.get("fused_moe", False),
+                               cpu_isa=self.plan.cpu_isa, quantization=self.plan.quantization,
+                               block_size=self.block_size)
+        self.platform.configure_kernels(self.plan, self.threads)
+        self.model = (make_model or build_model)(model_config, self.ops, self.plan.dtype)
+        self.model.load_weights(engine_config.model_dir)
+        self.num_kv_blocks = 0
+        self.kv_caches: list = []
+
+    # -- KV cache ------------------------------------------------------------------------------
+    def kv_bytes_per_block(self) -> int:
+        """Bytes of K and V of all layers for one block, in the plan's kv_cache_dtype."""
+        m = self.model_config
+        return (2 * m.num_hidden_layers * self.block_size * m.num_key_value_heads * m.head_dim
+                * _DTYPE_BYTES[self.plan.kv_cache_dtype])
+
+    def kv_budget(self) -> tuple[int, str]:
+        """(bytes the KV cache may take when no explicit block count is set, where that comes from).
+
+        kv_cache_memory_fraction > 0: that fraction of the memory the platform reports available
+        (weights loaded); when the device does not report its memory, kv_cache_memory_bytes with a
+        warning. Otherwise kv_cache_memory_bytes."""
+        frac = self.config.kv_cache_memory_fraction
+        fixed = self.config.kv_cache_memory_bytes
+        if frac > 0:
+            avail = self.platform.available_memory(self.device, self.ranks_on_host)
+            if avail is not None:
+                return int(frac * avail), (f"kv_cache_memory_fraction {frac:g} of {avail / 2**20:.0f} MiB "
+                                           f"available on {self.device} after loading the weights")
+            log.warning("kv_cache_memory_fraction %g is set but %s does not report its free memory: "
+                        "sizing the KV cache from kv_cache_memory_bytes (%d) instead", frac, self.device, fixed)
+            return fixed, f"kv_cache_memory_bytes {fixed} (fallback: free memory unknown)"
+        return fixed, f"kv_cache_memory_bytes {fixed}"
+
+    def determine_num_kv_blocks(self) -> int:
+        """KV blocks this device can hold: the explicit num_kv_blocks, else kv_budget() / bytes per
+        block. Raises ValueError when that cannot hold one sequence of max_model_len."""
+        if self.config.num_kv_blocks:
+            n, source = self.config.num_kv_blocks, "num_kv_blocks"
+        else:
+            budget, source = self.kv_budget()
+            n = budget // self.kv_bytes_per_block()
+        per_seq = -(-self.config.max_model_len // self.block_size)
+        if n < per_seq:
+            raise ValueError(
+                f"KV cache of {n} blocks x {self.block_size} tokens (from {source}) cannot hold one sequence "
+                f"of max_model_len {self.config.max_model_len}: raise num_kv_blocks / kv_cache_memory_fraction / "
+                f"kv_cache_memory_bytes or lower max_model_len"
+            )
+        log.info("KV cache: %d blocks x %d tokens = %d tokens max in flight, %.1f MiB of %s (from %s)", n,
+                 self.block_size, n * self.block_size, n * self.kv_bytes_per_block() / 2**20,
+                 self.plan.kv_cache_dtype, source)
+        return n
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        """Allocate K and V of `num_blocks` blocks in every layer ([kv_heads, blocks * block_size,
+        head_dim] each, in the plan's kv_cache_dtype). Raises RuntimeError naming the KV settings
+        when the device runs out of memory."""
+        self.kv_caches = self._allocate_kv_cache(num_blocks)
+        self.num_kv_blocks = num_blocks
+
+    def _allocate_kv_cache(self, num_blocks: int) -> list:
+        m = self.model_config
+        shape = [m.num_key_value_heads, num_blocks * self.block_size, m.head_dim]
+        dtype = self.plan.kv_cache_dtype
+        caches = []
+        try:
+            for _ in range(m.num_hidden_layers):
+                caches.append((paddle.zeros(shape, dtype=dtype), paddle.zeros(shape, dtype=dtype)))
+        except (MemoryError, OSError, RuntimeError) as e:
+            # A custom device reports exhaustion as OSError "(External) CustomDevice error", the CPU
+            # as MemoryError / ResourceExhausted: either way the KV settings are what to change.
+            size = num_blocks * self.kv_bytes_per_block() / 2**20
+            done = len(caches)
+            caches.clear()
+            raise RuntimeError(
+                f"out of memory on {self.device} allocating the KV cache: {num_blocks} blocks x {self.block_size} "
+                f"tokens = {size:.0f} MiB of {dtype} (failed after {done} of {m.num_hidden_layers} layers); lower "
+                f"num_kv_blocks, kv_cache_memory_fraction or kv_cache_memory_bytes "
+                f"(or use kv_cache_dtype bfloat16 to halve it) [{type(e).__name__}: {str(e).splitlines()[0][:200]}]"
+            ) from None
+        return caches
+
+    # -- one step --------------------------------------------------------------------------------
+    @paddle.no_grad()
+    def execute(self, step: Step) -> np.ndarray:
+        """Run one step: the copy-on-write block copies first, then the model over the step's tokens.
+        Returns the logits of the sampled entries, [step.num_sampled, V] fp32 on the host, in the
+        step's order (V: this worker's vocabulary columns; the whole vocabulary unless it is a
+        tensor-parallel rank)."""
+        if step.copies:
+            copy_blocks(self.kv_caches, list(step.copies), self.block_size, self.plan.kv_gather_dtype)
+        inputs = pack_step(step, self.block_size, self.ops.decode_metadata)
+        hidden = self.model.forward(inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches)
+        if len(inputs.last_rows) == 0:
+            return np.empty((0, 0), dtype=np.float32)
+        logits = self.model.compute_logits(gather_last_tokens(hidden, paddle.to_tensor(inputs.last_rows)))
+        return logits.numpy()
