@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from paddle_llm_engine import EngineConfig, EngineLoop, LLMEngine, SamplingParams
+from paddle_llm_engine.errors import EngineDeadError
 from paddle_llm_engine.executor import tensor_parallel as tp_runner
 from paddle_llm_engine.platforms import Device, GcuPlatform, platform_for
 from paddle_llm_engine.tp.shard import ShardPlan
@@ -188,6 +189,36 @@ def test_killed_worker_fails_requests_in_flight(tmp_path):
     finally:
         loop.shutdown()
         engine.close()
+
+
+def test_a_worker_that_dies_while_the_engine_is_idle_is_a_failure_at_once(tmp_path):
+    """No step runs to notice it: the watchdog's liveness probe (the executor's dead_worker) does,
+    so the instance is reported failed (and reloaded) before a request meets the dead rank."""
+    from paddle_llm_triton.health import StallWatchdog
+
+    model_dir = tc.make_checkpoint("llama_tied", tmp_path / "ck")
+    engine = LLMEngine(engine_config(model_dir, 2))
+    pids = engine.executor.worker_pids
+    failures = []
+    loop = EngineLoop(engine, on_failure=failures.append)
+    dog = StallWatchdog({}, loop.declare_failed, max_step_s=0, poll_s=0.1, liveness=engine.executor.dead_worker)
+    try:
+        assert engine.executor.dead_worker() is None
+        os.kill(pids[0], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while not failures and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert failures, "the dead worker was not noticed while the engine was idle"
+        assert f"tensor-parallel worker rank 0 (pid {pids[0]}, cpu) killed by SIGKILL" in failures[0]
+        assert not loop.healthy
+        with pytest.raises(EngineDeadError, match="rank 0 .* killed by SIGKILL"):
+            loop.submit("late", tc.prompts()[0], SamplingParams(max_tokens=4), lambda out: None)
+    finally:
+        dog.close()
+        loop.shutdown()
+        engine.close()
+    assert engine.executor.dead_worker() is None  # a closed executor reports nothing
+    assert wait_no_workers() == []
 
 
 def _alive(pid: int) -> bool:

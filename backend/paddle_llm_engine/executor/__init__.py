@@ -6,6 +6,7 @@ Worker(s) and offers one interface:
     device: Device                the (first) device
     execute(step) -> np.ndarray   the sampled rows' logits, [step.num_sampled, vocab] fp32
     close()                       release processes (idempotent)
+    dead_worker() -> str | None   which worker process has exited by itself (None: all alive, or none)
 
 - LocalExecutor (local.py): one Worker in this process.
 - TPExecutor (tensor_parallel.py): tensor_parallel_size worker processes (tp_worker.py), one per

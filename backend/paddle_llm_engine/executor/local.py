@@ -25,5 +25,9 @@ class LocalExecutor:
         """The sampled rows' logits of `step`, [step.num_sampled, vocab] fp32."""
         return self.worker.execute(step)
 
+    def dead_worker(self) -> str | None:
+        """Always None: the worker is this process."""
+        return None
+
     def close(self) -> None:
         """Nothing to release: the worker lives and dies with this process."""

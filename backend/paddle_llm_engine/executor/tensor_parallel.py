@@ -157,6 +157,19 @@ class TPExecutor:
         """Stop every worker (idempotent)."""
         self._finalizer()
 
+    def dead_worker(self) -> str | None:
+        """A rank whose process has exited although the workers were not stopped, named with its
+        pid, device and how it ended ("tensor-parallel worker rank 1 (pid 123, cpu) killed by SIGKILL"); None when every
+        rank runs or the executor is closed. Thread-safe (only polls the processes): a watchdog
+        calls it between steps, when no step would notice a dead rank."""
+        procs = list(self._procs)
+        if not self._conns or self.error is not None:  # stopped, or a failure already reported
+            return None
+        for r, p in enumerate(procs):
+            if p.poll() is not None:
+                return f"tensor-parallel worker rank {r} (pid {p.pid}, {self.devices[r]}) {processes.status(p)}"
+        return None
+
     @property
     def worker_pids(self) -> list[int]:
         """The pids of the worker processes, in rank order (empty once stopped)."""

@@ -67,7 +67,8 @@ class TritonPythonModel:
             on_rejected=self.metrics.on_rejected, drain=self.drain))
         self.watchdog = StallWatchdog({"the engine step": lambda: self.loop.step_started_at,
                                        "a response send to Triton": lambda: self.responder.send_started},
-                                      self.loop.declare_failed, opts.max_step_seconds)
+                                      self.loop.declare_failed, opts.max_step_seconds,
+                                      liveness=self.engine.executor.dead_worker)
         self.metrics.on_state(self.engine.stats())
         info = self.engine.info()
         self.metrics.on_engine_info(info)
