@@ -41,6 +41,12 @@ from typing import Callable
 from paddle_llm_triton.launcher import procs
 from paddle_llm_triton.launcher.repository import RepositoryClient, RepositoryError
 from paddle_llm_triton.restarts import RESTARTS_FILE, supervisor_address
+# How long a live stub whose engine failed gets to finalize and exit before its processes are killed.
+# Triton 2.51 waits for the stub process without a bound, and the stub's finalize takes 1-3 s here
+# (tensor parallel: the workers' stop grace included); once in a few soaks the exit took over 30 s.
+# Past this the stub is killed, and a restart of tritonserver follows if the unload still hangs:
+# recovery stays within 30 s either way.
+FINALIZE_GRACE_S = 10.0
 _HEALTHY = re.compile(r'^llm_engine_healthy\{([^}]*)\}\s+(\S+)', re.M)
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
@@ -245,7 +251,7 @@ class Supervisor:
     def _reload(self, model: str, t0: float, kind: str = "died") -> None:
         """Unload + load `model`. A stub that died leaves Triton 2.51 waiting forever for its requests
         in flight, so after unload_timeout_s the server is restarted; a live stub that failed gets its
-        finalize() (up to 60 s: tensor-parallel workers are stopped), then its processes are killed."""
+        finalize() and exit (FINALIZE_GRACE_S), then its processes are killed."""
         backoff = 1.0
         try:
             with self._lock:
@@ -255,9 +261,10 @@ class Supervisor:
             while not self._stop.is_set() and not self._paused.is_set() and not self._restarting.is_set():
                 try:
                     self.repo.unload(model)
-                    unloaded = self._wait_unloaded(model, self.unload_timeout_s if kind == "died" else 60.0)
+                    unloaded = self._wait_unloaded(model, self.unload_timeout_s if kind == "died" else FINALIZE_GRACE_S)
                     if not unloaded and kind != "died":
-                        self.log(f"supervisor: model {model}: its stub did not finish unloading in 60 s; killing it")
+                        self.log(f"supervisor: model {model}: its stub did not finish unloading in "
+                                 f"{FINALIZE_GRACE_S:.0f} s; killing it")
                         procs.kill_if_same(old)
                         unloaded = self._wait_unloaded(model, self.unload_timeout_s)
                     if not unloaded:

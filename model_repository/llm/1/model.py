@@ -11,6 +11,7 @@ served by paddle_llm_triton/ensemble_steps.py), which never calls pb_utils.
 
 import json
 import logging
+import time
 import uuid
 
 import triton_python_backend_utils as pb_utils
@@ -154,11 +155,17 @@ class TritonPythonModel:
             raise
 
     def finalize(self):
-        self.watchdog.close()
-        self.channel.close()
-        # requests still in flight (an unload, not a drain) end with an error instead of never
-        self.loop.shutdown(message=f"llm instance {self.instance} was unloaded before the request finished")
-        self.engine.close()  # tensor parallel: stops the worker processes
-        self.control.close()
-        self.responder.shutdown()
-        self.metrics.shutdown()
+        t0 = time.monotonic()
+        steps = [("watchdog", self.watchdog.close), ("engine channel", self.channel.close),
+                 # requests still in flight (an unload, not a drain) end with an error instead of never
+                 ("engine loop", lambda: self.loop.shutdown(
+                     message=f"llm instance {self.instance} was unloaded before the request finished")),
+                 ("engine", self.engine.close),  # tensor parallel: stops the worker processes
+                 ("control bus", self.control.close), ("responder", self.responder.shutdown),
+                 ("metrics", self.metrics.shutdown)]
+        for name, close in steps:
+            t = time.monotonic()
+            close()
+            if time.monotonic() - t > 1.0:  # Triton waits for this process without a bound: say what took long
+                log.warning("llm instance %s: finalize: %s took %.1f s", self.instance, name, time.monotonic() - t)
+        log.info("llm instance %s: finalized in %.1f s", self.instance, time.monotonic() - t0)
