@@ -265,13 +265,19 @@ def test_requests_queued_behind_a_failing_step_get_its_error_too():
         loop.submit("late", [1], SamplingParams(), cb)
 
 
-def test_requests_queued_behind_a_stuck_step_are_failed_by_the_watchdog():
+def _one_running_one_queued():
+    """A loop whose step hangs with request "running" in it and "queued" submitted behind it."""
     engine = HangingEngine()
     loop = EngineLoop(engine)
     outs, cb = _collect()
     loop.submit("running", [1, 2], SamplingParams(), cb)
     assert engine.in_step.wait(5)
     loop.submit("queued", [3], SamplingParams(), cb)
+    return engine, loop, outs, cb
+
+
+def test_requests_queued_behind_a_stuck_step_are_failed_by_the_watchdog():
+    engine, loop, outs, cb = _one_running_one_queued()
     try:
         assert loop.declare_failed("the engine step has not returned for 121 s")
         assert [o.finish_reason for o in outs["queued"]] == ["error"]
@@ -282,12 +288,7 @@ def test_requests_queued_behind_a_stuck_step_are_failed_by_the_watchdog():
 
 
 def test_shutdown_answers_every_request_in_flight_and_queued():
-    engine = HangingEngine()
-    loop = EngineLoop(engine)
-    outs, cb = _collect()
-    loop.submit("running", [1, 2], SamplingParams(), cb)
-    assert engine.in_step.wait(5)
-    loop.submit("queued", [3], SamplingParams(), cb)
+    engine, loop, outs, cb = _one_running_one_queued()
     engine.release.set()  # the step returns; the loop then meets "stop"
     loop.shutdown(timeout=5, message="llm instance llm_0_0 was unloaded before the request finished")
     for rid in ("running", "queued"):
