@@ -1,6 +1,8 @@
 """The paged KV cache: write a step's new keys and values, gather a sequence's context back.
 
-Cache layout per layer: [num_kv_heads, num_blocks * block_size, head_dim]; the middle axis holds
+Cache layout per layer (OpSet.kv_layout "heads_slots"; the gcu kernels' "blocks" layout
+[num_blocks, block_size, num_kv_heads, head_dim] is written by their own op, copied by copy_blocks
+below): [num_kv_heads, num_blocks * block_size, head_dim]; the middle axis holds
 "slots": a token at position p of a sequence lives in slot
 block_table[p // block_size] * block_size + p % block_size. Heads come first so that the gathered
 context of one head is contiguous and attention runs as plain batched matmuls (Paddle's CPU matmul
@@ -54,11 +56,22 @@ def gather_kv(cache: paddle.Tensor, slots: paddle.Tensor, compute_dtype, gather_
     return out if out.dtype == compute_dtype else out.astype(compute_dtype)
 
 
-def copy_blocks(kv_caches, pairs, block_size: int, gather_dtype=None) -> None:
+def copy_blocks(kv_caches, pairs, block_size: int, gather_dtype=None, layout: str = "heads_slots") -> None:
     """In place: copy whole KV blocks src -> dst in every layer's K and V cache (copy on write of a
     block that several sequences share). kv_caches: [(k_cache, v_cache)] per layer; pairs:
-    [(src block, dst block)]; gather_dtype as in gather_kv."""
+    [(src block, dst block)]; gather_dtype as in gather_kv; layout: the caches' OpSet.kv_layout,
+    "heads_slots" ([kvh, num_blocks * block_size, d]: the blocks' slots are copied) or "blocks"
+    ([num_blocks, block_size, kvh, d]: whole rows of axis 0)."""
     if not pairs:
+        return
+    if layout == "blocks":
+        src = paddle.to_tensor(np.asarray([s for s, _ in pairs], dtype=np.int64))
+        dst = paddle.to_tensor(np.asarray([d for _, d in pairs], dtype=np.int64))
+        for layer in kv_caches:
+            for cache in layer:
+                view = None if gather_dtype is None or gather_dtype == cache.dtype else gather_dtype
+                rows = paddle.index_select(cache if view is None else cache.view(view), src, axis=0)
+                paddle.index_put_(cache, (dst,), rows if view is None else rows.view(cache.dtype))
         return
     offs = np.arange(block_size, dtype=np.int64)
     src = paddle.to_tensor(np.concatenate([s * block_size + offs for s, _ in pairs]))

@@ -9,6 +9,16 @@ The model never decides which kernel to run: it calls `ops.rms_norm(...)`, `ops.
   rotary + paged KV write, paged decode attention over block tables, fused add + RMSNorm), on the
   CPU place only, with the dispatch path ("avx2_fma" | "generic") the platform layer chose from the
   CPU's flags. Prefill attention stays composed (MKL batched matmuls are fast there).
+- gcu: paddle-custom-gcu's custom ops (paddle_llm_ops.gcu), each group only where the platform layer
+  found it registered with the expected signature and numerically right on the device:
+  gcu_attention (one flash_attn_var_len_gcu call per layer for the whole mixed step, KV writes
+  through reshape_and_cache_flash_gcu, the cache in the paged "blocks" layout), gcu_rotary
+  (fused_rotary_embedding_gcu), gcu_rms_norm (rms_norm_gcu, fused_add_rms_norm_op); the rest of the
+  composed family stays.
+
+Attention is one call per layer whatever the family: `ops.attention(q, k_cache, v_cache, meta, scale)`.
+The composed and cpu families run the step's decodes as one batch and each prompt chunk on its own
+inside it; the gcu family runs one flash_attn_var_len_gcu call.
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ from typing import Callable
 
 import paddle
 
+from paddle_llm_ops.gcu import custom_ops as gcu_ops
 from paddle_llm_ops.kv_cache import write_kv
 from paddle_llm_ops.linear import ComposedLinear, GemvLinear, Int8Linear, WeightOnlyInt8Linear
 from paddle_llm_ops.moe import COMPOSED_MOE, FUSED_GCU_MOE, MoEKernel
@@ -29,17 +40,23 @@ from paddle_llm_ops.rotary import apply_rotary
 QUANTIZATIONS = ("", "wint8")
 
 
+KV_LAYOUTS = ("heads_slots", "blocks")
+ATTENTION_METADATA = ("slots", "block_tables", "flash")
+
+
 @dataclass(frozen=True)
 class RotaryInputs:
-    """What one step's rotary needs, computed once per forward: positions [T] int64, the full
-    tables cos / sin [max_positions, d] (cpu kernel), and their rows for the step, [T, 1, d] in the
-    compute dtype (composed)."""
+    """What one step's rotary needs, computed once per forward: positions [T] (int64; int32 for
+    the gcu kernel), the full tables cos / sin [max_positions, d] (cpu kernel), their rows for the
+    step, [T, 1, d] in the compute dtype (composed), and the gcu kernel's cos ‖ sin table
+    [max_positions, d] in the compute dtype."""
 
     positions: paddle.Tensor
     table_cos: paddle.Tensor
     table_sin: paddle.Tensor
     cos: paddle.Tensor | None
     sin: paddle.Tensor | None
+    cos_sin: paddle.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -52,11 +69,17 @@ class OpSet:
     rotary_inputs(table: RotaryTable, positions [T], dtype) -> RotaryInputs;
     qkv_rotary_write(qkv [T, (nh+2kvh)d], rot, k_cache, v_cache, slot_mapping [T], nh, kvh, d,
         q_norm, k_norm, eps) -> q [T, nh, d] rotated (k rotated and v written into the caches);
-    decode_attention(q [B, nh, d], k_cache, v_cache, meta, scale) -> [B, nh*d] (meta: the step's
-        AttentionMetadata; decode_metadata says which of its fields the worker must fill:
-        "slots" (decode_slots, decode_mask) or "block_tables" (decode_block_tables, decode_context_lens));
-    prefill_attention as in paged_attention.py; write_kv as in kv_cache.py;
-    moe_experts: the mixture-of-experts expert kernel (moe.MoEKernel);
+    attention(q [T, nh, d], k_cache, v_cache, meta, scale) -> [T, nh*d]: causal attention of every
+        token of the step over its sequence's cached context (meta: the step's AttentionMetadata);
+    attention_metadata: which fields of AttentionMetadata the worker fills once per step:
+        "slots" (decode_slots, decode_mask, prefill chunks' context slots), "block_tables"
+        (decode_block_tables, decode_context_lens, prefill chunks) or "flash" (cu_seqlens_q,
+        seqused_k, block_table, max_seqlen_q/k; slot_mapping int32);
+    kv_layout: "heads_slots" (each cache [kvh, num_blocks * block_size, d]) or "blocks"
+        ([num_blocks, block_size, kvh, d], the gcu kernels'); the worker allocates and copies by it;
+    write_kv as in kv_cache.py; moe_experts: the mixture-of-experts expert kernel (moe.MoEKernel);
+    moe_routing: None (the model's composed routing) or topk(gating [T, E], k, renormalize) ->
+        (weights [T, k] fp32, ids [T, k] int32) for plain softmax top-k routing;
     names: the kernel chosen for each op, for logs and tests."""
 
     rms_norm: Callable
@@ -66,11 +89,12 @@ class OpSet:
     rotary_inputs: Callable
     qkv_rotary_write: Callable
     write_kv: Callable
-    prefill_attention: Callable
-    decode_attention: Callable
-    decode_metadata: str
+    attention: Callable
+    attention_metadata: str
     names: tuple[tuple[str, str], ...]
     moe_experts: MoEKernel = COMPOSED_MOE
+    kv_layout: str = "heads_slots"
+    moe_routing: Callable | None = None
 
 
 # ----------------------------------------------------------------------------- composed kernels
@@ -86,21 +110,39 @@ def _composed_rotary_inputs(table, positions, dtype):
     return RotaryInputs(positions, table.cos, table.sin, cos, sin)
 
 
+def _composed_rotary(q, k, rot):
+    return apply_rotary(q, rot.cos, rot.sin), apply_rotary(k, rot.cos, rot.sin)
+
+
 def _composed_qkv_rotary_write(rms_norm, write, qkv, rot, k_cache, v_cache, slot_mapping, nh, kvh, d,
-                               q_norm=None, k_norm=None, eps=1e-6):
+                               q_norm=None, k_norm=None, eps=1e-6, rotary=_composed_rotary):
+    """rotary(q [T, nh, d], k [T, kvh, d], rot) -> (q, k) rotated; write(k_cache, v_cache, k, v,
+    slot_mapping) stores this step's keys and values."""
     t = qkv.shape[0]
     q, k, v = paddle.split(qkv, [nh * d, kvh * d, kvh * d], axis=-1)
-    if q_norm is not None:  # per head, over head_dim (Qwen3)
+    if q_norm is not None:  # per head, over head_dim (Qwen3), before rotary
         q = rms_norm(q.reshape([t * nh, d]), q_norm, eps)
         k = rms_norm(k.reshape([t * kvh, d]), k_norm, eps)
-    q = apply_rotary(q.reshape([t, nh, d]), rot.cos, rot.sin)
-    k = apply_rotary(k.reshape([t, kvh, d]), rot.cos, rot.sin)
+    q, k = rotary(q.reshape([t, nh, d]), k.reshape([t, kvh, d]), rot)
     write(k_cache, v_cache, k, v.reshape([t, kvh, d]), slot_mapping)
     return q
 
 
 def _composed_decode(decode, q, k_cache, v_cache, meta, scale):
     return decode(q, k_cache, v_cache, meta.decode_slots, meta.decode_mask, scale)
+
+
+def _split_attention(decode, prefill, q, k_cache, v_cache, meta, scale):
+    """The step's decodes as one batch (decode(q [B, nh, d], k_cache, v_cache, meta, scale)), then
+    each prompt chunk over its context slots (paged_attention.prefill_attention); [T, nh*d]."""
+    parts = []
+    nd = meta.num_decodes
+    if nd:
+        parts.append(decode(q[:nd], k_cache, v_cache, meta, scale))
+    for c in meta.prefills:
+        parts.append(prefill(q[c.token_start:c.token_start + c.num_tokens], k_cache, v_cache, c.context_slots,
+                             c.start_pos, scale))
+    return parts[0] if len(parts) == 1 else paddle.concat(parts, axis=0)
 
 
 def _composed_lm_head(weight):
@@ -160,17 +202,67 @@ def _cpu_decode(isa, block_size, q, k_cache, v_cache, meta, scale):
                                               meta.decode_context_lens, scale, block_size, isa)
 
 
+# ---------------------------------------------------------------------------------- gcu kernels
+def _gcu_rotary_inputs(table, positions, dtype):
+    return RotaryInputs(positions.astype("int32"), table.cos, table.sin, None, None, table.cos_sin_table(dtype))
+
+
+def _gcu_rotary(q, k, rot):
+    return gcu_ops.fused_rotary_embedding(q, k, rot.cos_sin, rot.positions)
+
+
+def _gcu_write_kv(k_cache, v_cache, k, v, slot_mapping):
+    gcu_ops.reshape_and_cache_flash(k, v, k_cache, v_cache, slot_mapping)
+
+
+def _gcu_attention(q, k_cache, v_cache, meta, scale):
+    return gcu_ops.flash_attn_var_len(q, k_cache, v_cache, meta, scale)
+
+
+def _with_gcu_kernels(base: OpSet, gcu_attention: bool, gcu_rotary: bool, gcu_rms_norm: bool,
+                      fused_moe: bool) -> OpSet:
+    """The composed OpSet `base` with paddle-custom-gcu's ops where the platform layer turned them on."""
+    names = dict(base.names)
+    rms, add_rms = base.rms_norm, base.add_rms_norm
+    if gcu_rms_norm:
+        rms, add_rms = gcu_ops.rms_norm, gcu_ops.fused_add_rms_norm
+        names["rms_norm"] = "rms_norm_gcu"
+    rotary, rotary_inputs, write = _composed_rotary, base.rotary_inputs, write_kv
+    attention, form, layout = base.attention, base.attention_metadata, base.kv_layout
+    if gcu_rotary:
+        rotary, rotary_inputs = _gcu_rotary, _gcu_rotary_inputs
+    if gcu_attention:
+        write, attention, form, layout = _gcu_write_kv, _gcu_attention, "flash", "blocks"
+        names["attention"], names["kv_gather"] = "flash_attn_var_len_gcu", "none (paged kernel)"
+    if gcu_rotary or gcu_attention:
+        names["rotary_kv_write"] = (f"{'fused_rotary_embedding_gcu' if gcu_rotary else 'composed'} + "
+                                    f"{'reshape_and_cache_flash_gcu' if gcu_attention else 'composed'}")
+    if fused_moe:
+        names["moe_routing"] = "topk_softmax_gcu (plain softmax top-k families)"
+    return OpSet(
+        rms_norm=rms, add_rms_norm=add_rms, make_linear=base.make_linear, make_lm_head=base.make_lm_head,
+        rotary_inputs=rotary_inputs,
+        qkv_rotary_write=functools.partial(_composed_qkv_rotary_write, rms, write, rotary=rotary),
+        write_kv=write, attention=attention, attention_metadata=form, kv_layout=layout,
+        names=tuple(names.items()), moe_experts=base.moe_experts,
+        moe_routing=gcu_ops.topk_softmax if fused_moe else None,
+    )
+
+
 def build_opset(fused_rms_norm: bool = False, kv_gather_dtype: str | None = None, fused_moe: bool = False,
-                cpu_isa: str | None = None, quantization: str = "", block_size: int = 0) -> OpSet:
+                cpu_isa: str | None = None, quantization: str = "", block_size: int = 0,
+                gcu_attention: bool = False, gcu_rotary: bool = False, gcu_rms_norm: bool = False) -> OpSet:
     """The OpSet for a platform plan's choices.
 
     fused_rms_norm: Paddle's fused kernel (only where the platform layer verified it can run);
     kv_gather_dtype: see kv_cache.gather_kv (None: the cache's own dtype); fused_moe: the GCU
-    plug-in's fused MoE operators; cpu_isa: None (composed kernels) or the dispatch path of the C++
-    CPU kernels ("avx2_fma" | "generic": fp32 compute and an fp32 KV cache only); quantization: ""
-    or "wint8" (weight-only int8 linears: the int8 GEMV with cpu kernels, Paddle's
-    weight_only_linear otherwise); block_size: tokens per KV block (the paged decode kernel).
-    Raises ValueError for an unknown quantization."""
+    plug-in's fused MoE operators (and its topk_softmax_gcu routing where a family routes by plain
+    softmax top-k); cpu_isa: None (composed kernels) or the dispatch path of the C++ CPU kernels
+    ("avx2_fma" | "generic": fp32 compute and an fp32 KV cache only); quantization: "" or "wint8"
+    (weight-only int8 linears: the int8 GEMV with cpu kernels, Paddle's weight_only_linear
+    otherwise); block_size: tokens per KV block (the paged decode kernel); gcu_attention /
+    gcu_rotary / gcu_rms_norm: paddle-custom-gcu's ops (see the module doc; never with cpu_isa).
+    Raises ValueError for an unknown quantization, or cpu kernels mixed with gcu ones."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
     prefill, decode = prefill_attention, decode_attention
@@ -179,28 +271,13 @@ def build_opset(fused_rms_norm: bool = False, kv_gather_dtype: str | None = None
         decode = functools.partial(decode_attention, gather_dtype=kv_gather_dtype)
     moe = FUSED_GCU_MOE if fused_moe else COMPOSED_MOE
     moe_name = ("moe_experts", "fused_gcu" if fused_moe else "composed")
+    gcu = gcu_attention or gcu_rotary or gcu_rms_norm
     if cpu_isa is not None:
-        if block_size <= 0:
-            raise ValueError("build_opset: the cpu kernels need the KV block_size")
-        rms = functools.partial(_cpu_rms_norm, cpu_isa)
-        return OpSet(
-            rms_norm=rms,
-            add_rms_norm=functools.partial(_cpu_add_rms_norm, cpu_isa),
-            make_linear=functools.partial(_cpu_linear, cpu_isa, quantization),
-            make_lm_head=functools.partial(_cpu_lm_head, cpu_isa, quantization),
-            rotary_inputs=_cpu_rotary_inputs,
-            qkv_rotary_write=functools.partial(_cpu_qkv_rotary_write, cpu_isa),
-            write_kv=write_kv,
-            prefill_attention=prefill,
-            decode_attention=functools.partial(_cpu_decode, cpu_isa, block_size),
-            decode_metadata="block_tables",
-            names=(("rms_norm", f"cpu_{cpu_isa}"), ("linear", f"cpu_{'int8' if quantization else 'gemv'}_{cpu_isa}"),
-                   ("rotary_kv_write", f"cpu_{cpu_isa}"), ("decode_attention", f"cpu_paged_{cpu_isa}"),
-                   ("kv_gather", kv_gather_dtype or "cache dtype"), moe_name),
-            moe_experts=moe,
-        )
+        if gcu:
+            raise ValueError("build_opset: the C++ CPU kernels and the gcu kernels serve different places")
+        return _cpu_opset(cpu_isa, quantization, block_size, prefill, kv_gather_dtype, moe, moe_name)
     rms = rms_norm_fused if fused_rms_norm else rms_norm_composed
-    return OpSet(
+    base = OpSet(
         rms_norm=rms,
         add_rms_norm=functools.partial(_composed_add_rms_norm, rms),
         make_linear=functools.partial(_composed_linear, quantization),
@@ -208,12 +285,33 @@ def build_opset(fused_rms_norm: bool = False, kv_gather_dtype: str | None = None
         rotary_inputs=_composed_rotary_inputs,
         qkv_rotary_write=functools.partial(_composed_qkv_rotary_write, rms, write_kv),
         write_kv=write_kv,
-        prefill_attention=prefill,
-        decode_attention=functools.partial(_composed_decode, decode),
-        decode_metadata="slots",
+        attention=functools.partial(_split_attention, functools.partial(_composed_decode, decode), prefill),
+        attention_metadata="slots",
         names=(("rms_norm", "fused" if fused_rms_norm else "composed"),
                ("linear", "weight_only_linear" if quantization else "composed"),
-               ("rotary_kv_write", "composed"), ("decode_attention", "composed"),
+               ("rotary_kv_write", "composed"), ("attention", "composed"),
+               ("kv_gather", kv_gather_dtype or "cache dtype"), moe_name),
+        moe_experts=moe,
+    )
+    return _with_gcu_kernels(base, gcu_attention, gcu_rotary, gcu_rms_norm, fused_moe) if gcu or fused_moe else base
+
+
+def _cpu_opset(cpu_isa: str, quantization: str, block_size: int, prefill, kv_gather_dtype, moe, moe_name) -> OpSet:
+    if block_size <= 0:
+        raise ValueError("build_opset: the cpu kernels need the KV block_size")
+    decode = functools.partial(_cpu_decode, cpu_isa, block_size)
+    return OpSet(
+        rms_norm=functools.partial(_cpu_rms_norm, cpu_isa),
+        add_rms_norm=functools.partial(_cpu_add_rms_norm, cpu_isa),
+        make_linear=functools.partial(_cpu_linear, cpu_isa, quantization),
+        make_lm_head=functools.partial(_cpu_lm_head, cpu_isa, quantization),
+        rotary_inputs=_cpu_rotary_inputs,
+        qkv_rotary_write=functools.partial(_cpu_qkv_rotary_write, cpu_isa),
+        write_kv=write_kv,
+        attention=functools.partial(_split_attention, decode, prefill),
+        attention_metadata="block_tables",
+        names=(("rms_norm", f"cpu_{cpu_isa}"), ("linear", f"cpu_{'int8' if quantization else 'gemv'}_{cpu_isa}"),
+               ("rotary_kv_write", f"cpu_{cpu_isa}"), ("attention", f"cpu_paged_decode_{cpu_isa} + composed prefill"),
                ("kv_gather", kv_gather_dtype or "cache dtype"), moe_name),
         moe_experts=moe,
     )

@@ -106,6 +106,16 @@ class RotaryTable:
         self.cos = paddle.to_tensor((np.cos(emb) * attn_factor).astype(np.float32))
         self.sin = paddle.to_tensor((np.sin(emb) * attn_factor).astype(np.float32))
 
+    def cos_sin_table(self, dtype: str = "float32") -> paddle.Tensor:
+        """[max_positions, head_dim] in `dtype`: the cos of the head_dim/2 frequencies, then their sin
+        (paddle-custom-gcu's fused_rotary_embedding_gcu table, rotate-half form). Made once per dtype."""
+        cache = self.__dict__.setdefault("_cos_sin", {})
+        if dtype not in cache:
+            half = self.cos.shape[-1] // 2
+            t = paddle.concat([self.cos[:, :half], self.sin[:, :half]], axis=-1)
+            cache[dtype] = t if dtype == "float32" else t.astype(dtype)
+        return cache[dtype]
+
     def lookup(self, positions: paddle.Tensor):
         """positions: [T] int64 -> (cos, sin), each [T, 1, head_dim] for broadcasting over heads."""
         cos = paddle.index_select(self.cos, positions, axis=0).unsqueeze(1)

@@ -180,20 +180,10 @@ class LlamaForCausalLM:
                 x, h = ops.add_rms_norm(delta, h, layer.in_norm, eps)
             q = ops.qkv_rotary_write(layer.qkv(x), rot, k_cache, v_cache, meta.slot_mapping, nh, kvh, d,
                                      layer.q_norm, layer.k_norm, eps)
-            attn = self._attention(q, k_cache, v_cache, meta)
+            attn = ops.attention(q, k_cache, v_cache, meta, self.scale)  # [T, nh*d]: one call per layer
             x, h = ops.add_rms_norm(self.reduce_partial(layer.o(attn)), h, layer.post_norm, eps)
             delta = self.reduce_partial(layer.mlp(x))
         return ops.add_rms_norm(delta, h, self.norm, eps)[0]
-
-    def _attention(self, q, k_cache, v_cache, meta: AttentionMetadata) -> paddle.Tensor:
-        parts = []
-        nd = meta.num_decodes
-        if nd:
-            parts.append(self.ops.decode_attention(q[:nd], k_cache, v_cache, meta, self.scale))
-        for c in meta.prefills:
-            parts.append(self.ops.prefill_attention(q[c.token_start:c.token_start + c.num_tokens], k_cache, v_cache,
-                                           c.context_slots, c.start_pos, self.scale))
-        return parts[0] if len(parts) == 1 else paddle.concat(parts, axis=0)
 
     def compute_logits(self, hidden: paddle.Tensor) -> paddle.Tensor:
         """hidden [B, H] -> logits [B, V] fp32."""

@@ -1,9 +1,12 @@
 """A Step (step.py) packed into the model's inputs on a worker's device.
 
 Tokens are packed without padding in the step's order (decodes first, then prompt chunks); the
-attention metadata carries each token's cache slot, and for the decodes either their context slots
-with an additive mask ("slots") or their block tables and context lengths ("block_tables"),
-whichever the worker's OpSet reads (OpSet.decode_metadata).
+attention metadata carries each token's cache slot, and, whichever form the worker's OpSet reads
+(OpSet.attention_metadata): for the decodes their context slots with an additive mask ("slots") or
+their block tables and context lengths ("block_tables"), plus each prompt chunk's context slots;
+or ("flash") every sequence's query offsets, key counts and block table for one varlen paged
+attention call. Everything is computed on the host from the Step's plain ints and copied to the
+device once per step (one tensor per field); nothing is read back from the device.
 """
 
 from __future__ import annotations
@@ -35,8 +38,10 @@ def slots(block_table, start: int, end: int, block_size: int) -> np.ndarray:
     return bt[pos // block_size] * block_size + pos % block_size
 
 
-def pack_step(step: Step, block_size: int, decode_metadata: str) -> ModelInputs:
-    """The ModelInputs of `step`. decode_metadata: "slots" or "block_tables" (see the module docstring)."""
+def pack_step(step: Step, block_size: int, form: str) -> ModelInputs:
+    """The ModelInputs of `step`. form: "slots", "block_tables" or "flash" (see the module docstring)."""
+    if form == "flash":
+        return _pack_flash(step, block_size)
     ids, pos, slot_parts, last_rows, chunks = [], [], [], [], []
     row = 0
     for s in step.seqs:
@@ -53,7 +58,7 @@ def pack_step(step: Step, block_size: int, decode_metadata: str) -> ModelInputs:
     meta = AttentionMetadata(slot_mapping=paddle.to_tensor(np.concatenate(slot_parts)), num_decodes=len(decodes),
                              prefills=chunks)
     if decodes:
-        _decode_metadata(meta, decodes, block_size, decode_metadata)
+        _decode_metadata(meta, decodes, block_size, form)
     return ModelInputs(paddle.to_tensor(np.concatenate(ids)), paddle.to_tensor(np.concatenate(pos)), meta,
                        np.asarray(last_rows, dtype=np.int64))
 
@@ -77,3 +82,29 @@ def _decode_metadata(meta: AttentionMetadata, decodes, block_size: int, form: st
         mask[0, i, 0, :c] = 0.0
     meta.decode_slots = paddle.to_tensor(dslots)
     meta.decode_mask = paddle.to_tensor(mask)
+
+
+def _pack_flash(step: Step, block_size: int) -> ModelInputs:
+    """The "flash" form: int32 cu_seqlens_q [b+1], seqused_k [b], block_table [b, max_blocks]
+    (0-padded past a sequence's last block) and slot_mapping [T], for every sequence of the step in
+    step order (decodes, prefill chunks, prefix-cache hits alike: a sequence's first `start` keys
+    are already cached)."""
+    seqs = step.seqs
+    n_new = np.asarray([s.num_tokens for s in seqs], dtype=np.int64)
+    used = np.asarray([s.start + s.num_tokens for s in seqs], dtype=np.int64)
+    nblk = -(-used // block_size)
+    table = np.zeros((len(seqs), int(nblk.max())), dtype=np.int32)
+    for i, s in enumerate(seqs):
+        table[i, :nblk[i]] = s.block_table[:nblk[i]]
+    ids = np.concatenate([np.asarray(s.token_ids, dtype=np.int64) for s in seqs])
+    pos = np.concatenate([np.arange(s.start, s.start + s.num_tokens, dtype=np.int64) for s in seqs])
+    row = np.repeat(np.arange(len(seqs)), n_new)  # the sequence of every packed token
+    slot = table[row, pos // block_size].astype(np.int64) * block_size + pos % block_size
+    cu = np.zeros(len(seqs) + 1, dtype=np.int32)
+    cu[1:] = np.cumsum(n_new)
+    meta = AttentionMetadata(slot_mapping=paddle.to_tensor(slot.astype(np.int32)),
+                             num_decodes=int((n_new == 1).sum()), cu_seqlens_q=paddle.to_tensor(cu),
+                             seqused_k=paddle.to_tensor(used.astype(np.int32)), block_table=paddle.to_tensor(table),
+                             max_seqlen_q=int(n_new.max()), max_seqlen_k=int(used.max()))
+    last = np.asarray([cu[i + 1] - 1 for i, s in enumerate(seqs) if s.samples], dtype=np.int64)
+    return ModelInputs(paddle.to_tensor(ids), paddle.to_tensor(pos), meta, last)

@@ -61,10 +61,12 @@ class Worker:
         self.plan = plan_for_device(self.device, engine_config.dtype, engine_config.kv_cache_dtype,
                                     engine_config.kernels, engine_config.quantization)
         gather = self.plan.kv_gather_dtype if self.plan.kv_gather_dtype != self.plan.kv_cache_dtype else None
-        self.ops = build_opset(fused_rms_norm=self.plan.kernels.get("fused_rms_norm", False),
-                               kv_gather_dtype=gather, fused_moe=self.plan.kernels.get("fused_moe", False),
+        on = self.plan.kernels
+        self.ops = build_opset(fused_rms_norm=on.get("fused_rms_norm", False),
+                               kv_gather_dtype=gather, fused_moe=on.get("fused_moe", False),
                                cpu_isa=self.plan.cpu_isa, quantization=self.plan.quantization,
-                               block_size=self.block_size)
+                               block_size=self.block_size, gcu_attention=on.get("gcu_attention", False),
+                               gcu_rotary=on.get("gcu_rotary", False), gcu_rms_norm=on.get("gcu_rms_norm", False))
         self.platform.configure_kernels(self.plan, self.threads)
         self.model = (make_model or build_model)(model_config, self.ops, self.plan.dtype)
         self.model.load_weights(engine_config.model_dir)
@@ -117,15 +119,18 @@ class Worker:
         return n
 
     def initialize_cache(self, num_blocks: int) -> None:
-        """Allocate K and V of `num_blocks` blocks in every layer ([kv_heads, blocks * block_size,
-        head_dim] each, in the plan's kv_cache_dtype). Raises RuntimeError naming the KV settings
-        when the device runs out of memory."""
+        """Allocate K and V of `num_blocks` blocks in every layer, in the plan's kv_cache_dtype and the
+        OpSet's kv_layout: "heads_slots" [kv_heads, blocks * block_size, head_dim] or "blocks"
+        [blocks, block_size, kv_heads, head_dim] (the gcu paged kernels'). Raises RuntimeError naming
+        the KV settings when the device runs out of memory."""
         self.kv_caches = self._allocate_kv_cache(num_blocks)
         self.num_kv_blocks = num_blocks
 
     def _allocate_kv_cache(self, num_blocks: int) -> list:
         m = self.model_config
         shape = [m.num_key_value_heads, num_blocks * self.block_size, m.head_dim]
+        if self.ops.kv_layout == "blocks":
+            shape = [num_blocks, self.block_size, m.num_key_value_heads, m.head_dim]
         dtype = self.plan.kv_cache_dtype
         caches = []
         try:
@@ -153,8 +158,9 @@ class Worker:
         step's order (V: this worker's vocabulary columns; the whole vocabulary unless it is a
         tensor-parallel rank)."""
         if step.copies:
-            copy_blocks(self.kv_caches, list(step.copies), self.block_size, self.plan.kv_gather_dtype)
-        inputs = pack_step(step, self.block_size, self.ops.decode_metadata)
+            copy_blocks(self.kv_caches, list(step.copies), self.block_size, self.plan.kv_gather_dtype,
+                        self.ops.kv_layout)
+        inputs = pack_step(step, self.block_size, self.ops.attention_metadata)
         hidden = self.model.forward(inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches)
         if len(inputs.last_rows) == 0:
             return np.empty((0, 0), dtype=np.float32)
