@@ -5,14 +5,13 @@ with no kernels of its own. The facts are given; nothing here needs those machin
 from __future__ import annotations
 
 import logging
-import signal
 
 import pytest
 
 from paddle_llm_engine import EngineConfig, LLMEngine
 from paddle_llm_engine.platforms import KernelRegistry, PlaceFacts, PlatformError, decide, parse_cpuinfo
-from paddle_llm_engine.platforms import child_check, cpu_features
-from paddle_llm_engine.platforms.child_check import ChildVerdict
+from paddle_llm_engine.platforms import cpu_features
+from paddle_llm_engine.platforms.kernel_checks import ChildVerdict
 from paddle_llm_engine.platforms.plan import COMPUTE_OPS, FUSED_MOE_OPS, KV_WRITE_OPS, plan_for_device
 
 # /proc/cpuinfo of the AVX2-only AMD EPYC (family 25) on which Paddle's fused RMSNorm died with SIGILL.
@@ -49,13 +48,14 @@ def facts(cpuinfo: str, device: str = "cpu", registry: dict | None = None, fallb
 
 
 class Verifier:
-    """Records the checks asked for; answers with a fixed verdict."""
+    """Records the checks asked for (calls: names; args: (name, dtype, params)); answers with a fixed verdict."""
 
     def __init__(self, verdict: ChildVerdict = ChildVerdict(True, "max difference 1e-06")):
-        self.verdict, self.calls = verdict, []
+        self.verdict, self.calls, self.args = verdict, [], []
 
-    def __call__(self, name):
+    def __call__(self, name, dtype="float32", **params):
         self.calls.append(name)
+        self.args.append((name, dtype, params))
         return self.verdict
 
 
@@ -82,16 +82,15 @@ def test_avx512_cpu_uses_it_after_the_child_check():
     v = Verifier()
     plan = decide(facts(XEON_AVX512), verify=v)
     assert plan.kernels == {"cpu_kernels": False, "fused_rms_norm": True, "fused_moe": False}
-    assert v.calls == ["fused_rms_norm_cpu"]
-    assert any(d.startswith("fused_rms_norm: on, CPU has avx512f; verified in a child process") for d in plan.decisions)
+    assert v.calls == ["fused_rms_norm"]
+    assert "fused_rms_norm: on, CPU has avx512f; verified: max difference 1e-06" in plan.decisions
 
 
 def test_avx512_cpu_whose_child_check_dies_keeps_the_composed_path():
     v = Verifier(ChildVerdict(False, "the check process died with SIGILL"))
     plan = decide(facts(XEON_AVX512), verify=v)
     assert plan.kernels == {"cpu_kernels": False, "fused_rms_norm": False, "fused_moe": False}
-    assert "fused_rms_norm: off, verification in a child process failed: the check process died with SIGILL" \
-        in plan.decisions
+    assert "fused_rms_norm: off, verification failed: the check process died with SIGILL" in plan.decisions
 
 
 def test_old_cpu_and_missing_kernel():
@@ -212,7 +211,8 @@ def test_fused_moe_on_a_gcu_follows_the_plugin_ops():
     reg = _gcu_registry(True, True, True)
     on = decide(facts(EPYC_AVX2, "gcu:0", reg, custom_ops=FUSED_MOE_OPS + ("rms_norm_gcu",)), verify=Verifier())
     assert on.kernels["fused_moe"] is True
-    assert "fused_moe: on, the gcu plug-in registers moe_align_block_size_gcu, fused_moe_kernel_gcu" in on.decisions
+    assert ("fused_moe: on, the gcu plug-in registers moe_align_block_size_gcu, fused_moe_kernel_gcu; verified: "
+            "max difference 1e-06") in on.decisions
     only_align = facts(EPYC_AVX2, "gcu:0", reg, custom_ops=("moe_align_block_size_gcu",))
     off = decide(only_align, verify=Verifier())
     assert off.kernels["fused_moe"] is False
@@ -244,12 +244,13 @@ def test_cpu_kernels_isa_follows_the_flags(cpuinfo, isa):
     v = Verifier()
     plan = decide(facts(cpuinfo, cpu_kernels_built=True), verify=v)
     assert plan.kernels["cpu_kernels"] is True and plan.cpu_isa == isa
-    # their own RMSNorm replaces Paddle's fused one: no child check is run for it
-    assert plan.kernels["fused_rms_norm"] is False and v.calls == []
+    # verified on the path chosen; their own RMSNorm replaces Paddle's fused one (not checked)
+    assert v.args == [("cpu_kernels", "float32", {"isa": isa})]
+    assert plan.kernels["fused_rms_norm"] is False
     assert "fused_rms_norm: off, the C++ CPU kernels' RMSNorm runs instead" in plan.decisions
     want = ("cpu_kernels: on, AVX2+FMA path, the CPU has avx2 and fma" if isa == "avx2_fma"
             else "cpu_kernels: on, portable path, the CPU lacks avx2, fma")
-    assert want in plan.decisions
+    assert want + "; verified: max difference 1e-06" in plan.decisions
 
 
 def test_cpu_kernels_off_where_they_cannot_serve():
@@ -304,24 +305,6 @@ def test_this_host_plan_follows_its_cpu_flags(caplog):
     else:
         assert rms_only.kernels["fused_rms_norm"] is True, caplog.text
         assert "fused_rms_norm: on, CPU has avx512f" in caplog.text
-
-
-def test_child_check_catches_a_killing_kernel_and_caches(monkeypatch, tmp_path):
-    monkeypatch.setenv("PADDLE_LLM_CACHE_DIR", str(tmp_path))
-    monkeypatch.setitem(child_check.CHECKS, "sigill", ("import os, signal; os.kill(os.getpid(), signal.SIGILL)", 0.0))
-    monkeypatch.setitem(child_check.CHECKS, "fine", ("print(0.5e-6)", 1e-5))
-    monkeypatch.setitem(child_check.CHECKS, "wrong", ("print(0.5)", 1e-5))
-    dead = child_check.verify_in_child("sigill", "3.3.1", "cpu", {"avx2"})
-    assert not dead.ok and dead.detail == f"the check process died with {signal.SIGILL.name}" and not dead.cached
-    assert child_check.verify_in_child("sigill", "3.3.1", "cpu", {"avx2"}) == ChildVerdict(False, dead.detail, True)
-    assert child_check.verify_in_child("fine", "3.3.1", "cpu", {"avx2"}).ok
-    assert child_check.verify_in_child("wrong", "3.3.1", "cpu", {"avx2"}).detail.startswith(
-        "the kernel differs from the composed ops by 0.5")
-    # another Paddle or another CPU is checked again
-    monkeypatch.setitem(child_check.CHECKS, "sigill", ("print(0)", 1e-5))
-    assert child_check.verify_in_child("sigill", "3.3.2", "cpu", {"avx2"}) == ChildVerdict(
-        True, "max difference to the composed ops 0", False)
-    assert not child_check.verify_in_child("sigill", "3.3.1", "cpu", {"avx2"}).ok  # cached for 3.3.1
 
 
 def test_engine_on_simulated_hosts_picks_kernels_from_flags_and_logs_why(tiny_model_dir, monkeypatch, caplog):

@@ -5,7 +5,7 @@ parallelism), plug-in version checks and device memory queries.
 
 Modules: device (the Device value, device resolution, GCU plug-in versions, memory), cpu_features
 (/proc/cpuinfo flags), kernel_registry (Paddle's registered kernels per place and dtype),
-child_check (risky kernels verified in a child process), plan (the decisions), runtime (one
+kernel_checks (optional kernels checked against the composed ops), plan (the decisions), runtime (one
 Platform per device kind: binding, threads, memory, devices, collectives).
 """
 

@@ -3,8 +3,10 @@
 `decide()` is a pure function of the facts about a place (CPU flags, Paddle's kernel registry,
 whether Paddle falls back to CPU kernels on a custom device) and of the operator's settings, so the
 logic is tested for hosts we do not have. `plan_for_device()` gathers the facts of this process and
-calls it. Nothing here catches an op's failure to find out whether it works; a kernel that could
-kill the process is run once in a child process (child_check.py) before the engine uses it.
+calls it. Nothing here catches an op's failure to find out whether it works: every optional kernel
+about to be turned on is first checked numerically against the composed ops on this place
+(kernel_checks.py: in a child process where the kernel could kill the process, verdicts of CPU
+kernels cached) and stays off, with the reason, when it disagrees.
 
 Decided here:
 - dtype (weights and activations): "auto" is the fastest dtype the place has kernels for
@@ -21,12 +23,15 @@ import logging
 from dataclasses import dataclass, field
 from typing import Callable
 
-from paddle_llm_engine.platforms.child_check import ChildVerdict
+from paddle_llm_engine.platforms.kernel_checks import ChildVerdict
 from paddle_llm_engine.platforms.cpu_features import CpuInfo
 from paddle_llm_engine.platforms.device import Device, PlatformError
 from paddle_llm_engine.platforms.kernel_registry import KernelRegistry
 
 log = logging.getLogger(__name__)
+
+# verify(kernel name, compute dtype, **check parameters) -> ChildVerdict (kernel_checks.PlaceVerifier).
+Verify = Callable[..., ChildVerdict]
 
 DTYPES = ("float32", "bfloat16", "float16")
 DTYPE_CHOICES = ("auto",) + DTYPES
@@ -193,7 +198,7 @@ def _decide_kv(facts: PlaceFacts, requested: str, dtype: str, out: list[str]) ->
     return kv, gather
 
 
-def _fused_rms_norm(facts: PlaceFacts, dtype: str, verify: Callable[[str], ChildVerdict]) -> tuple[bool, str]:
+def _fused_rms_norm(facts: PlaceFacts, dtype: str) -> tuple[bool, str]:
     """(can run, reason) for Paddle's fused RMSNorm kernel (registered as fused_rms_norm_quant)."""
     if facts.device.kind == "cpu":
         missing = facts.cpu.missing(*FUSED_RMS_NORM_CPU_FLAGS)
@@ -201,11 +206,7 @@ def _fused_rms_norm(facts: PlaceFacts, dtype: str, verify: Callable[[str], Child
             return False, f"CPU lacks {', '.join(missing)} (Paddle's CPU kernel runs AVX-512 unconditionally)"
         if not facts.registry.has("fused_rms_norm_quant", "cpu", dtype):
             return False, f"Paddle has no CPU fused_rms_norm_quant kernel for {dtype}"
-        verdict = verify("fused_rms_norm_cpu")
-        if not verdict.ok:
-            return False, f"verification in a child process failed: {verdict.detail}"
-        return True, (f"CPU has {', '.join(FUSED_RMS_NORM_CPU_FLAGS)}; verified in a child process"
-                      f"{' (cached verdict)' if verdict.cached else ''}: {verdict.detail}")
+        return True, f"CPU has {', '.join(FUSED_RMS_NORM_CPU_FLAGS)}"
     if facts.registry.has("fused_rms_norm_quant", facts.device, dtype):
         return True, f"the {facts.device.kind} plug-in registers fused_rms_norm_quant for {dtype}"
     return False, f"the {facts.device.kind} plug-in registers no fused_rms_norm_quant kernel for {dtype}"
@@ -253,7 +254,19 @@ def _fused_moe(facts: PlaceFacts) -> tuple[bool, str]:
     return True, f"the {kind} plug-in registers {', '.join(FUSED_MOE_OPS)}"
 
 
-def _decide_kernels(facts: PlaceFacts, kernels: str, dt: str, kv: str, verify: Callable[[str], ChildVerdict],
+def _verified(name: str, reason: str, verify: Verify, dtype: str, params: dict) -> tuple[bool, str]:
+    """(on, reason) of a kernel its decider would turn on, after its numerical check on this place
+    (verify). A verifier that raises counts as a failed check."""
+    try:
+        verdict = verify(name, dtype, **params)
+    except Exception as e:  # the verifier itself failed: the kernel stays off, and the log says why
+        verdict = ChildVerdict(False, f"the check raised {type(e).__name__}: {e}")
+    if not verdict.ok:
+        return False, f"verification failed: {verdict.detail}"
+    return True, f"{reason}; verified{' (cached verdict)' if verdict.cached else ''}: {verdict.detail}"
+
+
+def _decide_kernels(facts: PlaceFacts, kernels: str, dt: str, kv: str, verify: Verify,
                     out: list[str]) -> tuple[dict[str, bool], str | None, str]:
     """(optional kernel -> on, the C++ CPU kernels' isa or None, why they are on / off)."""
     mode, forced = parse_kernels_setting(kernels)
@@ -267,7 +280,7 @@ def _decide_kernels(facts: PlaceFacts, kernels: str, dt: str, kv: str, verify: C
     def rms_decider():
         if chosen.get("cpu_kernels"):
             return False, "the C++ CPU kernels' RMSNorm runs instead"
-        return _fused_rms_norm(facts, dt, verify)
+        return _fused_rms_norm(facts, dt)
 
     deciders = {"cpu_kernels": cpu_decider, "fused_rms_norm": rms_decider, "fused_moe": lambda: _fused_moe(facts)}
     cpu_reason = "set to composed by the operator" if mode == "composed" else "not in the operator's kernels list"
@@ -281,6 +294,8 @@ def _decide_kernels(facts: PlaceFacts, kernels: str, dt: str, kv: str, verify: C
             out.append(f"{name}: off, not in the operator's kernels list")
             continue
         ok, reason = deciders[name]()
+        if ok:  # no unverified kernel: its check against the composed ops runs first
+            ok, reason = _verified(name, reason, verify, dt, {"isa": isa[0]} if name == "cpu_kernels" else {})
         if mode == "list" and not ok:
             raise PlatformError(f"kernels lists {name}, which {facts.device} cannot run: {reason}")
         chosen[name] = ok
@@ -291,9 +306,11 @@ def _decide_kernels(facts: PlaceFacts, kernels: str, dt: str, kv: str, verify: C
 
 
 def decide(facts: PlaceFacts, dtype: str = "auto", kv_cache_dtype: str = "auto", kernels: str = "auto",
-           verify: Callable[[str], ChildVerdict] | None = None, quantization: str = "") -> PlatformPlan:
-    """The PlatformPlan for a place. verify(check name) runs a risky kernel's check in a child
-    process (child_check.verify_in_child); tests pass their own. quantization: "" or "wint8".
+           verify: Verify | None = None, quantization: str = "") -> PlatformPlan:
+    """The PlatformPlan for a place. verify(kernel name, dtype, **params) -> ChildVerdict checks an
+    optional kernel against the composed ops before it is turned on (kernel_checks.PlaceVerifier;
+    the C++ CPU kernels get params isa=<their dispatch path>); tests pass their own; without one,
+    every optional kernel stays off. quantization: "" or "wint8".
     With the C++ CPU kernels on, Paddle's fused RMSNorm is not used (they bring their own).
 
     Raises PlatformError for a dtype, kv_cache_dtype or forced kernel the place cannot run, and
@@ -366,15 +383,16 @@ def plan_for_device(device: Device | str, dtype: str = "auto", kv_cache_dtype: s
     Raises as decide()."""
     import paddle
 
-    from paddle_llm_engine.platforms.child_check import verify_in_child
+    from paddle_llm_engine.platforms.kernel_checks import PlaceVerifier
 
     device = Device.parse(device)
     facts = gather_facts(device, _load_cpu_kernels(device, kernels))
 
-    def verify(name: str) -> ChildVerdict:
-        return verify_in_child(name, facts.paddle_version, facts.cpu.model, facts.cpu.flags)
-
+    verify = PlaceVerifier(device.kind == "cpu", facts.paddle_version, facts.cpu.model, facts.cpu.flags)
     plan = decide(facts, dtype, kv_cache_dtype, kernels, verify, quantization)
+    if verify.timings:
+        plan.decisions.append("kernel checks: " + ", ".join(
+            f"{name} {'cached' if cached else f'{secs:.2f} s'}" for name, secs, cached in verify.timings))
     if plan.flags:
         paddle.set_flags(plan.flags)
     plan.log()
