@@ -12,8 +12,16 @@ def gemv_int8_reference(x: np.ndarray, q: np.ndarray, scale: np.ndarray, bias: n
     fused=True models the avx2_fma path (one rounding per multiply-add: the product of an fp32 and
     an int8 is exact in float64, so float64 add + one rounding to fp32 equals the FMA unless the
     float64 sum itself rounds, which needs operands ~2^29 apart), fused=False the generic path."""
+    y = gemv_lanes_reference(x, np.asarray(q).astype(np.float32), fused) * np.asarray(scale, np.float32)[None, :]
+    if bias is not None:
+        y = y + np.asarray(bias, np.float32)[None, :]
+    return y.astype(np.float32)
+
+
+def gemv_lanes_reference(x: np.ndarray, qf: np.ndarray, fused: bool) -> np.ndarray:
+    """sum_k x[b, k] * qf[n, k] in the C++ GEMV's order: 8 lanes over k mod 8 (zero-padded K),
+    then ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)); fused: one rounding per multiply-add."""
     x = np.asarray(x, np.float32)
-    qf = np.asarray(q).astype(np.float32)
     b, k = x.shape
     n = qf.shape[0]
     kp = -(-k // 8) * 8
@@ -30,8 +38,27 @@ def gemv_int8_reference(x: np.ndarray, q: np.ndarray, scale: np.ndarray, bias: n
         else:
             acc = acc + xt * qt
     a = acc[..., :4] + acc[..., 4:]
-    s = (a[..., 0] + a[..., 2]) + (a[..., 1] + a[..., 3])
-    y = s * np.asarray(scale, np.float32)[None, :]
+    return (a[..., 0] + a[..., 2]) + (a[..., 1] + a[..., 3])
+
+
+def dequantize_int4_reference(q: np.ndarray, scale: np.ndarray, k: int) -> np.ndarray:
+    """The fp32 [N, k] weight of packed int4 q [N, ceil(k/2)] uint8 (low nibble = even k, two's
+    complement) and scale [N, groups]: q[n, j] * scale[n, j // (k // groups)], one fp32 rounding."""
+    q = np.asarray(q, np.uint8)
+    vals = np.empty((q.shape[0], 2 * q.shape[1]), np.int16)
+    vals[:, 0::2], vals[:, 1::2] = q & 0x0F, q >> 4
+    vals = np.where(vals >= 8, vals - 16, vals)[:, :k].astype(np.float32)
+    scale = np.asarray(scale, np.float32)
+    return vals * np.repeat(scale, k // scale.shape[1], axis=1)
+
+
+def gemv_int4_reference(x: np.ndarray, q: np.ndarray, scale: np.ndarray, bias: np.ndarray | None = None,
+                        fused: bool = True) -> np.ndarray:
+    """numpy model of cpu_kernels.gemv_int4: the dequantized fp32 weight (dequantize_int4_reference)
+    summed in the GEMV's order. fused=True (avx2_fma): the product of two fp32 values is exact in
+    float64, so float64 add + one rounding equals the FMA except when the float64 sum itself rounds
+    onto an fp32 rounding midpoint (about 2^-29 per step; the seeded tests never meet one)."""
+    y = gemv_lanes_reference(x, dequantize_int4_reference(q, scale, np.asarray(x).shape[1]), fused)
     if bias is not None:
         y = y + np.asarray(bias, np.float32)[None, :]
     return y.astype(np.float32)

@@ -22,6 +22,9 @@ Ops (all fp32 unless stated; B = decode batch, T = tokens of a step):
   gemv / linear             x [B, K] . w [N, K]^T (+ bias [N])                       -> [B, N]
   gemv_int8 / linear_int8   (x [B, K] . q [N, K]^T) * scale [N] (+ bias)  (q int8)   -> [B, N]
   quantize_int8             w [N, K] -> (q [N, K] int8, scale [N])
+  gemv_int4 / linear_int4   x [B, K] . (q * scale)^T (+ bias)  (q [N, K/2] packed int4,
+                            scale [N, K / group] fp32)                            -> [B, N]
+  dequantize_int4           (q, scale, K) -> the fp32 [N, K] weight gemv_int4 multiplies by
   rms_norm                  x [T, H], weight [H], eps                                -> [T, H]
   add_rms_norm              x, residual [T, H], weight [H], eps      -> (normed [T, H], x + residual)
   rotary_kv_write           qkv [T, (nh + 2 kvh) d] -> q [T, nh, d]; writes k, v into the caches
@@ -50,6 +53,8 @@ GEMV_MAX_BATCH = 16
 # paddle.matmul (the temporary lives for one call only; the model keeps the int8 copy alone).
 # Dequantizing costs a full pass over the weight, so our int8 GEMV stays ahead much longer.
 GEMV_INT8_MAX_BATCH = 64
+# int4: the same rule (the GEMV dequantizes a few rows at a time into L1 for any batch).
+GEMV_INT4_MAX_BATCH = 64
 
 
 class KernelsNotBuiltError(RuntimeError):
@@ -178,6 +183,60 @@ def linear_int8(x: paddle.Tensor, q: paddle.Tensor, scale: paddle.Tensor, bias: 
     return y if bias is None else y + bias
 
 
+def quantize_int4_numpy(w: np.ndarray, group_size: int = -1) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int4 of an fp32 [N, K] weight (rows = output channels), one scale per group of
+    group_size consecutive k of a row (-1: one group per row, i.e. per output channel).
+
+    scale[n, g] = max |w[n, g*G:(g+1)*G]| / 7 (fp32), q = round-half-even(w / scale) clipped to
+    [-7, 7] (fp32 division; an all-zero group gets scale 0 and q 0). Packed two per byte, k even in
+    the low nibble, two's complement: q_packed [N, ceil(K / 2)] uint8. Returns (q_packed, scale
+    fp32 [N, K / G]). Rounding error per weight <= scale / 2. Raises ValueError when group_size is
+    not -1 or a positive multiple of 8 dividing K (the GEMV reads 8 weights per scale)."""
+    w = np.ascontiguousarray(w, dtype=np.float32)
+    if w.ndim != 2:
+        raise ValueError(f"quantize_int4 needs a 2-D [N, K] weight, got shape {w.shape}")
+    n, k = w.shape
+    g = k if group_size == -1 else int(group_size)
+    if g <= 0 or k % g or (g != k and g % 8):
+        raise ValueError(f"group_size {group_size} must be -1 or a positive multiple of 8 dividing K = {k}")
+    groups = w.reshape(n, k // g, g)
+    scale = (np.abs(groups).max(axis=2) / np.float32(7)).astype(np.float32)
+    safe = np.where(scale > 0, scale, np.float32(1))[:, :, None]
+    q = np.clip(np.rint(groups / safe), -7, 7).astype(np.int8)
+    q[scale == 0] = 0
+    q = q.reshape(n, k)
+    if k % 2:
+        q = np.concatenate([q, np.zeros((n, 1), np.int8)], axis=1)
+    nib = q.view(np.uint8) & np.uint8(0x0F)
+    return np.ascontiguousarray(nib[:, 0::2] | (nib[:, 1::2] << np.uint8(4))), scale
+
+
+def gemv_int4(x: paddle.Tensor, q: paddle.Tensor, scale: paddle.Tensor, bias: paddle.Tensor | None = None,
+              isa: str = "generic") -> paddle.Tensor:
+    """Weight-only int4: y[b, n] = sum_k x[b, k] * (q[n, k] * scale[n, k // G]) (+ bias[n]).
+
+    x: [B, K] fp32; q: [N, ceil(K/2)] uint8 and scale: [N, K / G] fp32 from quantize_int4_numpy;
+    bias: [N] fp32 or None. Returns [B, N] fp32, bit-identical to `gemv(x, dequantize_int4(q, scale,
+    K))` on the same isa (each weight is dequantized to fp32, then summed in gemv's fixed order).
+    Raises ValueError on wrong dtypes/shapes/places or a group size the kernel cannot read."""
+    return _run("plk_gemv_int4", x, q, scale, bias, _resolve(isa))[0]
+
+
+def dequantize_int4(q: paddle.Tensor, scale: paddle.Tensor, k: int, isa: str = "generic") -> paddle.Tensor:
+    """q [N, ceil(k/2)] uint8, scale [N, groups] -> the fp32 [N, k] weight gemv_int4 multiplies by."""
+    return _run("plk_dequantize_int4", q, scale, int(k), _resolve(isa))[0]
+
+
+def linear_int4(x: paddle.Tensor, q: paddle.Tensor, scale: paddle.Tensor, bias: paddle.Tensor | None = None,
+                isa: str = "generic") -> paddle.Tensor:
+    """`gemv_int4` for B <= GEMV_INT4_MAX_BATCH; above, x @ dequantize_int4(q, scale)^T with
+    paddle.matmul (a temporary fp32 weight for the duration of the call)."""
+    if x.shape[0] <= GEMV_INT4_MAX_BATCH:
+        return gemv_int4(x, q, scale, bias, isa)
+    y = paddle.matmul(x, dequantize_int4(q, scale, x.shape[1], isa), transpose_y=True)
+    return y if bias is None else y + bias
+
+
 def quantize_int8_numpy(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per-output-channel symmetric int8 of an fp32 [N, K] weight (rows = output channels):
     scale[n] = max_k |w[n, k]| / 127 (fp32), q = round-half-even(w / scale) clipped to [-127, 127]
@@ -267,8 +326,9 @@ def paged_decode_attention(q: paddle.Tensor, k_cache: paddle.Tensor, v_cache: pa
 
 
 __all__ = [
-    "GEMV_INT8_MAX_BATCH", "GEMV_MAX_BATCH", "ISAS", "KernelsNotBuiltError", "add_rms_norm", "available",
-    "cpu_supports_avx2_fma", "dequantize_int8", "gemv", "gemv_int8", "get_num_threads", "library_path", "linear",
-    "linear_int8", "load", "paged_decode_attention", "quantize_int8", "quantize_int8_numpy", "rms_norm",
+    "GEMV_INT4_MAX_BATCH", "GEMV_INT8_MAX_BATCH", "GEMV_MAX_BATCH", "ISAS", "KernelsNotBuiltError", "add_rms_norm", "available",
+    "cpu_supports_avx2_fma", "dequantize_int4", "dequantize_int8", "gemv", "gemv_int4", "gemv_int8", "get_num_threads",
+    "library_path", "linear", "linear_int4", "linear_int8", "load", "paged_decode_attention", "quantize_int4_numpy",
+    "quantize_int8", "quantize_int8_numpy", "rms_norm",
     "rotary_kv_write", "set_num_threads", "supported_isas",
 ]

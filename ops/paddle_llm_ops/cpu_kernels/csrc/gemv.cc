@@ -251,6 +251,14 @@ void gemv_int8(Isa isa, const float* x, const int8_t* q, const float* scale, con
   run(c, N * K, isa == Isa::kAvx2Fma ? range_i8_avx2 : range_i8_generic);
 }
 
+// The fp32 tiles over nr weight rows on the calling thread: y and bias point at the block's first
+// output column, ldy is y's row stride (the int4 GEMV's batched path, gemv_int4.cc).
+void gemv_f32_block(Isa isa, const float* x, const float* w, const float* bias, float* y, int64_t B, int64_t ldy,
+                    int64_t K, int64_t nr) {
+  GemvCtx c{x, w, nullptr, bias, y, B, ldy, K};
+  (isa == Isa::kAvx2Fma ? range_f32_avx2 : range_f32_generic)(&c, 0, nr);
+}
+
 // Row-wise symmetric int8: scale[n] = max_k |w[n, k]| / 127 (fp32 division), q = round-half-even
 // (w / scale) clamped to [-127, 127] (fp32 division); an all-zero row has scale 0 and q 0.
 namespace {

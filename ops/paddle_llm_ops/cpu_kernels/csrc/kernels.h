@@ -17,6 +17,17 @@ void gemv_f32(Isa isa, const float* x, const float* w, const float* bias, float*
 void gemv_int8(Isa isa, const float* x, const int8_t* q, const float* scale, const float* bias, float* y,
                int64_t B, int64_t N, int64_t K);
 void quantize_int8_rows(const float* w, int8_t* q, float* scale, int64_t N, int64_t K);
+// fp32 tiles over nr rows w [nr, K] on the calling thread; y [B, ldy] and bias already offset to
+// the block's first output column.
+void gemv_f32_block(Isa isa, const float* x, const float* w, const float* bias, float* y, int64_t B, int64_t ldy,
+                    int64_t K, int64_t nr);
+// y [B, N] = x [B, K] . w'^T (+ bias [N]) with w'[n, k] = int4 q[n, k] * scale[n, k / (K / groups)];
+// q [N, ceil(K/2)] two signed nibbles per byte (low = even k), scale [N, groups] (gemv_int4.cc).
+void gemv_int4(Isa isa, const float* x, const uint8_t* q, const float* scale, int64_t groups, const float* bias,
+               float* y, int64_t B, int64_t N, int64_t K);
+// out [N, K] = w' (the dequantized weight the int4 GEMV multiplies by).
+void dequantize_int4(Isa isa, const uint8_t* q, const float* scale, int64_t groups, float* out, int64_t N,
+                     int64_t K);
 
 // y = x / sqrt(mean(x^2) + eps) * w over rows of H; with residual: s = x + residual is written to
 // sum_out and normalized.

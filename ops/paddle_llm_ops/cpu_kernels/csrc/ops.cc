@@ -79,6 +79,42 @@ std::vector<Tensor> QuantizeInt8(const Tensor& w) {
   return {q, s};
 }
 
+// int4: q [N, ceil(K/2)] uint8, scale [N, groups] fp32 with K % groups == 0 and the group size
+// K / groups a multiple of 8 unless groups == 1 (one scale per 8-weight vector step).
+int64_t check_int4(const Tensor& q, const Tensor& scale, int64_t K) {
+  check_tensor(q, "q", DataType::UINT8, 2);
+  check_tensor(scale, "scale", DataType::FLOAT32, 2);
+  const int64_t N = q.shape()[0], groups = scale.shape()[1];
+  PD_CHECK(K > 0 && q.shape()[1] == (K + 1) / 2, "q must be [N, ceil(K / 2)] with K = ", K, ", got [", N, ", ",
+           q.shape()[1], "]");
+  PD_CHECK(scale.shape()[0] == N && groups >= 1, "scale must be [N = ", N, ", groups], got [", scale.shape()[0], ", ",
+           groups, "]");
+  PD_CHECK(K % groups == 0 && (groups == 1 || (K / groups) % 8 == 0), "K = ", K, " must split into ", groups,
+           " groups of a multiple of 8 weights");
+  return N;
+}
+
+std::vector<Tensor> GemvInt4(const Tensor& x, const Tensor& q, const Tensor& scale,
+                             const paddle::optional<Tensor>& bias, const std::string& isa) {
+  plk::Isa i = parse_isa(isa);
+  check_tensor(x, "x", DataType::FLOAT32, 2);
+  const int64_t B = x.shape()[0], K = x.shape()[1];
+  const int64_t N = check_int4(q, scale, K);
+  const float* b = optional_vector(bias, "bias", N);
+  Tensor y = paddle::empty({B, N}, DataType::FLOAT32, paddle::CPUPlace());
+  plk::gemv_int4(i, x.data<float>(), q.data<uint8_t>(), scale.data<float>(), scale.shape()[1], b, y.data<float>(),
+                 B, N, K);
+  return {y};
+}
+
+std::vector<Tensor> DequantizeInt4(const Tensor& q, const Tensor& scale, int k, const std::string& isa) {
+  plk::Isa i = parse_isa(isa);
+  const int64_t N = check_int4(q, scale, k);
+  Tensor w = paddle::empty({N, k}, DataType::FLOAT32, paddle::CPUPlace());
+  plk::dequantize_int4(i, q.data<uint8_t>(), scale.data<float>(), scale.shape()[1], w.data<float>(), N, k);
+  return {w};
+}
+
 // --------------------------------------------------------------------------------------- RMSNorm
 std::vector<Tensor> RmsNorm(const Tensor& x, const Tensor& w, float eps, const std::string& isa) {
   plk::Isa i = parse_isa(isa);
@@ -230,6 +266,10 @@ Shapes GemvInt8Shape(const std::vector<int64_t>& x, const std::vector<int64_t>& 
 Dtypes GemvInt8Dtype(const DataType&, const DataType&, const DataType&, const paddle::optional<DataType>&) {
   return {DataType::FLOAT32};
 }
+Shapes DequantInt4Shape(const std::vector<int64_t>& q, const std::vector<int64_t>&, int k, const std::string&) {
+  return {{q[0], k}};
+}
+Dtypes DequantInt4Dtype(const DataType&, const DataType&) { return {DataType::FLOAT32}; }
 Shapes QuantShape(const std::vector<int64_t>& w) { return {w, {w[0]}}; }
 Dtypes QuantDtype(const DataType&) { return {DataType::INT8, DataType::FLOAT32}; }
 Shapes NormShape(const std::vector<int64_t>& x, const std::vector<int64_t>&) { return {x}; }
@@ -274,6 +314,22 @@ PD_BUILD_OP(plk_gemv_int8)
     .SetKernelFn(PD_KERNEL(GemvInt8))
     .SetInferShapeFn(PD_INFER_SHAPE(GemvInt8Shape))
     .SetInferDtypeFn(PD_INFER_DTYPE(GemvInt8Dtype));
+
+PD_BUILD_OP(plk_gemv_int4)
+    .Inputs({"X", "Q", "Scale", paddle::Optional("Bias")})
+    .Outputs({"Y"})
+    .Attrs({"isa: std::string"})
+    .SetKernelFn(PD_KERNEL(GemvInt4))
+    .SetInferShapeFn(PD_INFER_SHAPE(GemvInt8Shape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(GemvInt8Dtype));
+
+PD_BUILD_OP(plk_dequantize_int4)
+    .Inputs({"Q", "Scale"})
+    .Outputs({"W"})
+    .Attrs({"k: int", "isa: std::string"})
+    .SetKernelFn(PD_KERNEL(DequantizeInt4))
+    .SetInferShapeFn(PD_INFER_SHAPE(DequantInt4Shape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(DequantInt4Dtype));
 
 PD_BUILD_OP(plk_quantize_int8)
     .Inputs({"W"})
