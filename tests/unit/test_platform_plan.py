@@ -39,12 +39,24 @@ CPU_REGISTRY["index_select"] += [("CPU", "bfloat16")]
 
 
 def facts(cpuinfo: str, device: str = "cpu", registry: dict | None = None, fallback: bool = True,
-          description: str = "", custom_ops=(), cpu_kernels_built: bool = False) -> PlaceFacts:
+          description: str = "", custom_ops=(), cpu_kernels_built: bool = False,
+          signatures: dict | None = None) -> PlaceFacts:
+    """signatures: {custom op: (ok, detail)}; default: every op of custom_ops has the expected one."""
+    if signatures is None:
+        signatures = {op: (True, f"{op} signature as expected") for op in custom_ops}
     return PlaceFacts(device=device, cpu=parse_cpuinfo(cpuinfo),
                       registry=KernelRegistry(registry or CPU_REGISTRY, custom_ops=set(custom_ops)),
                       kernel_fallback=fallback, paddle_version="3.3.1", device_description=description,
                       cpu_kernels_built=cpu_kernels_built,
-                      cpu_kernels_detail="built" if cpu_kernels_built else "the C++ CPU kernels are not built")
+                      cpu_kernels_detail="built" if cpu_kernels_built else "the C++ CPU kernels are not built",
+                      op_signatures=signatures)
+
+
+def kernels_on(**on) -> dict[str, bool]:
+    """plan.kernels with every optional kernel off except those given."""
+    from paddle_llm_engine.platforms.plan import OPTIONAL_KERNELS
+
+    return {name: bool(on.get(name, False)) for name in OPTIONAL_KERNELS}
 
 
 class Verifier:
@@ -72,7 +84,7 @@ def test_parse_cpuinfo_reads_model_and_flags():
 def test_avx2_only_cpu_never_runs_the_fused_rms_norm():
     v = Verifier()
     plan = decide(facts(EPYC_AVX2), verify=v)
-    assert plan.kernels == {"cpu_kernels": False, "fused_rms_norm": False, "fused_moe": False}
+    assert plan.kernels == kernels_on(cpu_kernels=False, fused_rms_norm=False, fused_moe=False)
     assert v.calls == []  # not even tried in a child: the flags already say no
     assert "fused_rms_norm: off, CPU lacks avx512f" in "\n".join(plan.decisions)
     assert (plan.dtype, plan.kv_cache_dtype) == ("float32", "float32")
@@ -81,7 +93,7 @@ def test_avx2_only_cpu_never_runs_the_fused_rms_norm():
 def test_avx512_cpu_uses_it_after_the_child_check():
     v = Verifier()
     plan = decide(facts(XEON_AVX512), verify=v)
-    assert plan.kernels == {"cpu_kernels": False, "fused_rms_norm": True, "fused_moe": False}
+    assert plan.kernels == kernels_on(cpu_kernels=False, fused_rms_norm=True, fused_moe=False)
     assert v.calls == ["fused_rms_norm"]
     assert "fused_rms_norm: on, CPU has avx512f; verified: max difference 1e-06" in plan.decisions
 
@@ -89,22 +101,22 @@ def test_avx512_cpu_uses_it_after_the_child_check():
 def test_avx512_cpu_whose_child_check_dies_keeps_the_composed_path():
     v = Verifier(ChildVerdict(False, "the check process died with SIGILL"))
     plan = decide(facts(XEON_AVX512), verify=v)
-    assert plan.kernels == {"cpu_kernels": False, "fused_rms_norm": False, "fused_moe": False}
+    assert plan.kernels == kernels_on(cpu_kernels=False, fused_rms_norm=False, fused_moe=False)
     assert "fused_rms_norm: off, verification failed: the check process died with SIGILL" in plan.decisions
 
 
 def test_old_cpu_and_missing_kernel():
-    assert decide(facts(OLD_SSE_ONLY), verify=Verifier()).kernels == {"cpu_kernels": False, "fused_rms_norm": False, "fused_moe": False}
+    assert decide(facts(OLD_SSE_ONLY), verify=Verifier()).kernels == kernels_on(cpu_kernels=False, fused_rms_norm=False, fused_moe=False)
     reg = {k: v for k, v in CPU_REGISTRY.items() if k != "fused_rms_norm_quant"}
     plan = decide(facts(XEON_AVX512, registry=reg), verify=Verifier())
-    assert plan.kernels == {"cpu_kernels": False, "fused_rms_norm": False, "fused_moe": False}
+    assert plan.kernels == kernels_on(cpu_kernels=False, fused_rms_norm=False, fused_moe=False)
     assert "fused_rms_norm: off, Paddle has no CPU fused_rms_norm_quant kernel for float32" in plan.decisions
 
 
 def test_operator_forces_the_composed_path():
     v = Verifier()
     plan = decide(facts(XEON_AVX512), kernels="composed", verify=v)
-    assert plan.kernels == {"cpu_kernels": False, "fused_rms_norm": False, "fused_moe": False} and v.calls == []
+    assert plan.kernels == kernels_on(cpu_kernels=False, fused_rms_norm=False, fused_moe=False) and v.calls == []
     assert "fused_rms_norm: off, kernels set to composed by the operator" in plan.decisions
 
 
@@ -169,8 +181,8 @@ def test_gcu_plugin_with_bf16_kernels_serves_bf16():
               custom_ops=FUSED_MOE_OPS)
     plan = decide(f, verify=Verifier())
     assert (plan.dtype, plan.kv_cache_dtype) == ("bfloat16", "bfloat16")
-    # the plug-in's kernels, whatever the host CPU lacks
-    assert plan.kernels == {"cpu_kernels": False, "fused_rms_norm": True, "fused_moe": True}
+    # the plug-in's kernels, whatever the host CPU lacks; never its stub fused_rms_norm even where registered
+    assert plan.kernels == kernels_on(cpu_kernels=False, fused_rms_norm=False, fused_moe=True)
     assert plan.flags == {}
     assert plan.decisions[0] == "device: gcu:1 through paddle-custom-gcu 3.3.0"
     assert decide(f, dtype="float32", verify=Verifier()).dtype == "float32"
@@ -184,11 +196,13 @@ def test_standin_plugin_without_kernels_gets_fp32_through_the_fallback():
     assert plan.dtype == "float32"
     assert plan.flags == {"FLAGS_use_stride_kernel": False}
     # never the host's AVX-512 kernel
-    assert plan.kernels == {"cpu_kernels": False, "fused_rms_norm": False, "fused_moe": False} and v.calls == []
+    assert plan.kernels == kernels_on(cpu_kernels=False, fused_rms_norm=False, fused_moe=False) and v.calls == []
     text = "\n".join(plan.decisions)
     assert "TEST STAND-IN" in text
     assert f"float32 runs {len(COMPUTE_OPS)} of {len(COMPUTE_OPS)} ops through Paddle's CPU kernel fallback" in text
-    assert "the gcu plug-in registers no fused_rms_norm_quant kernel" in text
+    assert ("fused_rms_norm: off, never on a gcu: paddle-custom-gcu registers Paddle's rms_norm / fused_rms_norm "
+            "as a stub that computes nothing") in text
+    assert "gcu_attention: off, the gcu plug-in registers no flash_attn_var_len_gcu, reshape_and_cache_flash_gcu" in text
     with pytest.raises(PlatformError, match="dtype bfloat16 is not supported on gcu:0"):
         decide(f, dtype="bfloat16", verify=v)
     with pytest.raises(PlatformError, match="has no float32 kernels"):
@@ -203,35 +217,35 @@ def test_fused_moe_is_off_on_the_cpu_and_forcing_it_is_refused():
             in plan.decisions)
     with pytest.raises(PlatformError, match="kernels lists fused_moe, which cpu cannot run: Paddle has no fused MoE"):
         decide(facts(XEON_AVX512), kernels="fused_moe", verify=v)
-    assert decide(facts(XEON_AVX512), kernels="fused_rms_norm", verify=v).kernels == {
-        "cpu_kernels": False, "fused_rms_norm": True, "fused_moe": False}
+    assert decide(facts(XEON_AVX512), kernels="fused_rms_norm", verify=v).kernels == kernels_on(cpu_kernels=False, fused_rms_norm=True, fused_moe=False)
 
 
 def test_fused_moe_on_a_gcu_follows_the_plugin_ops():
     reg = _gcu_registry(True, True, True)
     on = decide(facts(EPYC_AVX2, "gcu:0", reg, custom_ops=FUSED_MOE_OPS + ("rms_norm_gcu",)), verify=Verifier())
     assert on.kernels["fused_moe"] is True
-    assert ("fused_moe: on, the gcu plug-in registers moe_align_block_size_gcu, fused_moe_kernel_gcu; verified: "
-            "max difference 1e-06") in on.decisions
+    assert ("fused_moe: on, the gcu plug-in registers topk_softmax_gcu, moe_align_block_size_gcu, fused_moe_kernel_gcu "
+            "with the expected signatures; verified: max difference 1e-06") in on.decisions
     only_align = facts(EPYC_AVX2, "gcu:0", reg, custom_ops=("moe_align_block_size_gcu",))
     off = decide(only_align, verify=Verifier())
     assert off.kernels["fused_moe"] is False
-    assert "fused_moe: off, the gcu plug-in registers no fused_moe_kernel_gcu" in off.decisions
+    assert "fused_moe: off, the gcu plug-in registers no topk_softmax_gcu, fused_moe_kernel_gcu" in off.decisions
     with pytest.raises(PlatformError, match="kernels lists fused_moe, which gcu:0 cannot run: the gcu plug-in "
-                                            "registers no fused_moe_kernel_gcu"):
+                                            "registers no topk_softmax_gcu, fused_moe_kernel_gcu"):
         decide(only_align, kernels="fused_moe", verify=Verifier())
     composed = decide(facts(EPYC_AVX2, "gcu:0", reg, custom_ops=FUSED_MOE_OPS), kernels="composed", verify=Verifier())
-    assert composed.kernels == {"cpu_kernels": False, "fused_rms_norm": False, "fused_moe": False}
+    assert composed.kernels == kernels_on(cpu_kernels=False, fused_rms_norm=False, fused_moe=False)
     assert "fused_moe: off, kernels set to composed by the operator" in composed.decisions
 
 
 def test_opset_follows_the_fused_moe_decision():
     import inspect
 
+    from paddle_llm_ops.gcu import custom_ops
     from paddle_llm_ops.moe import COMPOSED_MOE, FUSED_GCU_MOE, moe_experts_fused_gcu
     from paddle_llm_ops.opset import build_opset
 
-    called = inspect.getsource(moe_experts_fused_gcu)
+    called = inspect.getsource(moe_experts_fused_gcu) + inspect.getsource(custom_ops.topk_softmax)
     assert all(f'"{op}"' in called for op in FUSED_MOE_OPS)  # the ops the decision looks for are the ones the kernel calls
     assert build_opset().moe_experts is COMPOSED_MOE
     fused = build_opset(fused_moe=True)
@@ -298,7 +312,7 @@ def test_this_host_plan_follows_its_cpu_flags(caplog):
     assert cpu_kernels.available(), "set-up builds the C++ CPU kernels"
     assert plan.kernels["cpu_kernels"] is True
     assert plan.cpu_isa == ("avx2_fma" if cpu.has("avx2", "fma") else "generic")
-    assert composed.kernels == {"cpu_kernels": False, "fused_rms_norm": False, "fused_moe": False}
+    assert composed.kernels == kernels_on(cpu_kernels=False, fused_rms_norm=False, fused_moe=False)
     if not cpu.has("avx512f"):
         with pytest.raises(PlatformError, match="CPU lacks avx512f"):
             plan_for_device("cpu", kernels="fused_rms_norm")
@@ -358,3 +372,120 @@ def test_engine_on_simulated_hosts_picks_kernels_from_flags_and_logs_why(tiny_mo
     monkeypatch.setattr(cpu_features, "host_cpu", lambda: parse_cpuinfo(EPYC_AVX2))
     with pytest.raises(PlatformError, match="kernels lists fused_rms_norm, which cpu cannot run: CPU lacks avx512f"):
         LLMEngine(EngineConfig(**kw, kernels="fused_rms_norm"))
+
+
+# -- paddle-custom-gcu's fast ops (gcu_attention, gcu_rotary, gcu_rms_norm, fused_moe) -----------------
+GCU_OPS = ("flash_attn_var_len_gcu", "reshape_and_cache_flash_gcu", "fused_rotary_embedding_gcu", "rms_norm_gcu",
+           "fused_add_rms_norm_op") + FUSED_MOE_OPS
+GCU_KERNELS = ("gcu_attention", "gcu_rotary", "gcu_rms_norm", "fused_moe")
+
+
+class NamedVerifier(Verifier):
+    """Fails the checks named in `failing` with a difference; passes the others."""
+
+    def __init__(self, failing=()):
+        super().__init__()
+        self.failing = set(failing)
+
+    def __call__(self, name, dtype="float32", **params):
+        self.calls.append(name)
+        if name in self.failing:
+            return ChildVerdict(False, f"{name} differs from the composed ops by 3.1 (max |composed| 2.0)")
+        return ChildVerdict(True, "max difference 2e-07")
+
+
+def gcu_facts(custom_ops=GCU_OPS, signatures=None, registry=None) -> PlaceFacts:
+    return facts(EPYC_AVX2, "gcu:0", registry or _gcu_registry(True, False, True),
+                 description="gcu:0 through paddle-custom-gcu 3.3.0", custom_ops=custom_ops, signatures=signatures)
+
+
+def test_gcu_with_every_op_turns_each_kernel_on_after_its_check():
+    v = NamedVerifier()
+    plan = decide(gcu_facts(), verify=v)
+    assert plan.dtype == "bfloat16"  # the registry has bf16 kernels on the device
+    assert plan.kernels == kernels_on(**{k: True for k in GCU_KERNELS})
+    assert sorted(v.calls) == sorted(GCU_KERNELS)  # each checked on the place before it is on
+    text = "\n".join(plan.decisions)
+    assert ("gcu_attention: on, the gcu plug-in registers flash_attn_var_len_gcu, reshape_and_cache_flash_gcu with "
+            "the expected signatures; one call per layer, KV cache paged [num_blocks, block_size, kv_heads, "
+            "head_dim]; verified: max difference 2e-07") in text
+    assert "gcu_rms_norm: on, the gcu plug-in registers rms_norm_gcu, fused_add_rms_norm_op" in text
+    assert "fused_rms_norm: off, never on a gcu" in text and plan.kernels["fused_rms_norm"] is False
+
+
+def test_gcu_missing_op_turns_off_its_whole_unit_only():
+    v = NamedVerifier()
+    no_cache = tuple(op for op in GCU_OPS if op != "reshape_and_cache_flash_gcu")
+    plan = decide(gcu_facts(no_cache), verify=v)
+    # attention and the KV write are one unit: without the write, the flash attention is off too
+    assert plan.kernels == kernels_on(gcu_rotary=True, gcu_rms_norm=True, fused_moe=True)
+    assert "gcu_attention" not in v.calls
+    assert ("gcu_attention: off, the gcu plug-in registers no reshape_and_cache_flash_gcu; the composed attention "
+            "over the [kv_heads, slots, head_dim] cache runs") in plan.decisions
+    with pytest.raises(PlatformError, match="kernels lists gcu_attention, which gcu:0 cannot run: the gcu plug-in "
+                                            "registers no reshape_and_cache_flash_gcu"):
+        decide(gcu_facts(no_cache), kernels="gcu_attention", verify=v)
+
+
+def test_gcu_mismatched_signature_turns_the_kernel_off_naming_both_signatures():
+    from paddle_llm_ops.gcu import signatures as sg
+
+    wrong = sg.OpSignature(sg.EXPECTED["flash_attn_var_len_gcu"].inputs, ("attention_out",),
+                           tuple(a for a in sg.EXPECTED["flash_attn_var_len_gcu"].attrs if not a.startswith("softcap"))
+                           + ("head_size: int",))
+    sigs = {op: sg.compare(op, sg.EXPECTED[op]) for op in GCU_OPS}
+    sigs["flash_attn_var_len_gcu"] = sg.compare("flash_attn_var_len_gcu", wrong)
+    assert sigs["reshape_and_cache_flash_gcu"][0] and not sigs["flash_attn_var_len_gcu"][0]
+    v = NamedVerifier()
+    plan = decide(gcu_facts(signatures=sigs), verify=v)
+    assert plan.kernels["gcu_attention"] is False and "gcu_attention" not in v.calls
+    assert plan.kernels["gcu_rotary"] and plan.kernels["gcu_rms_norm"]
+    line = next(d for d in plan.decisions if d.startswith("gcu_attention: off"))
+    assert "flash_attn_var_len_gcu signature differs: registered (query, key, value" in line
+    assert "head_size: int" in line and "softcap: float, return_softmax: bool" in line  # both signatures named
+
+
+def test_gcu_failed_check_turns_the_kernel_off_with_the_difference():
+    v = NamedVerifier(failing={"gcu_rms_norm", "gcu_attention"})
+    plan = decide(gcu_facts(), verify=v)
+    assert plan.kernels == kernels_on(gcu_rotary=True, fused_moe=True)
+    assert ("gcu_rms_norm: off, verification failed: gcu_rms_norm differs from the composed ops by 3.1 "
+            "(max |composed| 2.0)") in plan.decisions
+    assert any(d.startswith("gcu_attention: off, verification failed:") for d in plan.decisions)
+
+
+def test_gcu_attention_needs_the_cache_in_the_compute_dtype_and_a_gcu_place():
+    plan = decide(gcu_facts(), kv_cache_dtype="float16", verify=NamedVerifier())
+    assert plan.kernels["gcu_attention"] is False and plan.kernels["gcu_rms_norm"] is True
+    assert ("gcu_attention: off, flash_attn_var_len_gcu reads the cache in the compute dtype; kv_cache_dtype float16 "
+            "differs from dtype bfloat16") in plan.decisions
+    cpu = decide(facts(XEON_AVX512, custom_ops=GCU_OPS), verify=NamedVerifier())  # ops loaded, CPU place
+    assert not any(cpu.kernels[k] for k in GCU_KERNELS)
+    composed = decide(gcu_facts(), kernels="composed", verify=NamedVerifier())
+    assert composed.kernels == kernels_on()
+
+
+def test_signature_compare_reads_a_registered_custom_op_proto_and_never_raises():
+    """registered_signature reads Paddle's op proto and in-place map: checked on a custom op this
+    process can load without a plug-in (the C++ CPU kernels' plk_rotary_kv, with optional inputs and
+    an in-place map), and on names that are not registered."""
+    from paddle_llm_ops import cpu_kernels
+    from paddle_llm_ops.gcu import signatures as sg
+
+    cpu_kernels.load()
+    got = sg.registered_signature("plk_rotary_kv")
+    assert got.inputs == ("Qkv", "Positions", "Cos", "Sin", "KCache", "VCache", "SlotMapping", "Optional(QNorm)",
+                          "Optional(KNorm)")
+    assert got.outputs == ("QOut", "KCacheOut", "VCacheOut")
+    assert got.attrs == ("num_heads: int", "num_kv_heads: int", "eps: float", "isa: std::string")
+    assert got.inplace == (("KCache", "KCacheOut"), ("VCache", "VCacheOut"))
+    assert sg.registered_signature("flash_attn_var_len_gcu") is None
+    assert sg.compare("flash_attn_var_len_gcu") == (False, "flash_attn_var_len_gcu is not registered")
+    assert sg.compare("no_such_op")[0] is False
+    newer = sg.ROTARY_WITH_HEAD_SIZE
+    assert sg.compare("fused_rotary_embedding_gcu", newer)[0]  # both wheel variants are accepted
+    moved = sg.OpSignature(("key_cache", "value_cache", "key", "value", "slot_mapping"),
+                           ("key_cache_out", "value_cache_out"), (),
+                           (("key_cache", "key_cache_out"), ("value_cache", "value_cache_out")))
+    ok, detail = sg.compare("reshape_and_cache_flash_gcu", moved)
+    assert not ok and "registered (key_cache, value_cache, key, value, slot_mapping)" in detail

@@ -82,7 +82,8 @@ class SparseMoeBlock:
             self.shared_gate = _tensor(r.linear(m + "shared_expert_gate.weight"), dtype)
 
     def route(self, x: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
-        """x [T, H] -> (topk_ids [T, k] int64, topk_weights [T, k] in the compute dtype)."""
+        """x [T, H] -> (topk_ids [T, k] int64 (int32 through the plug-in's routing), topk_weights [T, k]
+        in the compute dtype)."""
         k = self.moe.top_k
         if self.fp32_router:
             probs = F.softmax(paddle.matmul(x.astype("float32"), self.gate), axis=-1)
@@ -92,6 +93,8 @@ class SparseMoeBlock:
                 _, ids = paddle.topk(probs + self.routing_bias, k, axis=-1)
             weights = paddle.take_along_axis(probs, ids, axis=-1)
             weights = weights / paddle.clip(weights.sum(axis=-1, keepdim=True), min=self.moe.norm_min)
+        elif self.ops.moe_routing is not None:  # plain softmax top-k: the plug-in's topk_softmax_gcu (fp32)
+            weights, ids = self.ops.moe_routing(paddle.matmul(x, self.gate), k, self.moe.norm_topk_prob)
         else:
             probs = F.softmax(paddle.matmul(x, self.gate).astype("float32"), axis=-1)
             weights, ids = paddle.topk(probs, k, axis=-1)

@@ -26,6 +26,7 @@ from typing import Callable
 from paddle_llm_engine.platforms.kernel_checks import ChildVerdict
 from paddle_llm_engine.platforms.cpu_features import CpuInfo
 from paddle_llm_engine.platforms.device import Device, PlatformError
+from paddle_llm_engine.platforms import gcu_kernels
 from paddle_llm_engine.platforms.kernel_registry import KernelRegistry
 
 log = logging.getLogger(__name__)
@@ -44,11 +45,11 @@ COMPUTE_OPS = ("matmul", "softmax", "swiglu", "index_select", "add", "multiply",
 # same-width view, see _gather_dtype) and cast.
 KV_WRITE_OPS = ("cast", "index_put")
 _SAME_WIDTH = {"float16": ("bfloat16",), "bfloat16": ("float16",), "float32": ()}
-OPTIONAL_KERNELS = ("cpu_kernels", "fused_rms_norm", "fused_moe")
+OPTIONAL_KERNELS = ("cpu_kernels", "fused_rms_norm", "fused_moe", "gcu_attention", "gcu_rotary", "gcu_rms_norm")
 QUANTIZATIONS = ("", "wint8")
 # The fused mixture-of-experts kernel: paddle-custom-gcu's custom operators, as FastDeploy's GCU MoE
 # uses them (paddle_llm_ops.moe). Paddle itself registers none for the CPU (its fused_moe is CUDA-only).
-FUSED_MOE_OPS = ("moe_align_block_size_gcu", "fused_moe_kernel_gcu")
+FUSED_MOE_OPS = gcu_kernels.FUSED_MOE_OPS
 # Paddle 3.3's CPU fused_rms_norm (phi::fusion::RmsNormAvxKernel) executes AVX-512 instructions
 # whatever the CPU: on an AVX2-only host the process dies with SIGILL.
 FUSED_RMS_NORM_CPU_FLAGS = ("avx512f",)
@@ -61,7 +62,9 @@ class PlaceFacts:
     op that has no kernel for a custom device through its CPU kernel
     (FLAGS_enable_api_kernel_fallback); paddle_version: for the child-check cache;
     device_description: one line naming the device (the plug-in for a GCU); cpu_kernels_built /
-    cpu_kernels_detail: whether the C++ CPU kernels loaded, and why not."""
+    cpu_kernels_detail: whether the C++ CPU kernels loaded, and why not; op_signatures: {custom op:
+    (its registered signature is the expected one, detail naming both)} of the plug-in's ops the GCU
+    kernels call (gcu_kernels.gather_signatures; empty on the CPU)."""
 
     device: Device
     cpu: CpuInfo
@@ -71,6 +74,7 @@ class PlaceFacts:
     device_description: str = ""
     cpu_kernels_built: bool = False
     cpu_kernels_detail: str = "not looked for"
+    op_signatures: dict = field(default_factory=dict)
 
     def __post_init__(self):
         object.__setattr__(self, "device", Device.parse(self.device))
@@ -207,9 +211,7 @@ def _fused_rms_norm(facts: PlaceFacts, dtype: str) -> tuple[bool, str]:
         if not facts.registry.has("fused_rms_norm_quant", "cpu", dtype):
             return False, f"Paddle has no CPU fused_rms_norm_quant kernel for {dtype}"
         return True, f"CPU has {', '.join(FUSED_RMS_NORM_CPU_FLAGS)}"
-    if facts.registry.has("fused_rms_norm_quant", facts.device, dtype):
-        return True, f"the {facts.device.kind} plug-in registers fused_rms_norm_quant for {dtype}"
-    return False, f"the {facts.device.kind} plug-in registers no fused_rms_norm_quant kernel for {dtype}"
+    return gcu_kernels.fused_rms_norm_on_plugin(facts)
 
 
 def _cpu_kernels(facts: PlaceFacts, dtype: str, kv: str) -> tuple[bool, str, str | None]:
@@ -243,17 +245,6 @@ def _decide_quantization(facts: PlaceFacts, quantization: str, dtype: str, cpu_i
     out.append(f"quantization wint8: the plug-in's weight_only_linear ({dtype} activations)")
 
 
-def _fused_moe(facts: PlaceFacts) -> tuple[bool, str]:
-    """(can run, reason) for the fused MoE expert kernel (FUSED_MOE_OPS)."""
-    if facts.device.kind == "cpu":
-        return False, "Paddle has no fused MoE kernel for the CPU; the experts run as grouped matmuls"
-    kind = facts.device.kind
-    missing = [op for op in FUSED_MOE_OPS if not facts.registry.has_custom_op(op)]
-    if missing:
-        return False, f"the {kind} plug-in registers no {', '.join(missing)}"
-    return True, f"the {kind} plug-in registers {', '.join(FUSED_MOE_OPS)}"
-
-
 def _verified(name: str, reason: str, verify: Verify, dtype: str, params: dict) -> tuple[bool, str]:
     """(on, reason) of a kernel its decider would turn on, after its numerical check on this place
     (verify). A verifier that raises counts as a failed check."""
@@ -282,7 +273,10 @@ def _decide_kernels(facts: PlaceFacts, kernels: str, dt: str, kv: str, verify: V
             return False, "the C++ CPU kernels' RMSNorm runs instead"
         return _fused_rms_norm(facts, dt)
 
-    deciders = {"cpu_kernels": cpu_decider, "fused_rms_norm": rms_decider, "fused_moe": lambda: _fused_moe(facts)}
+    deciders = {"cpu_kernels": cpu_decider, "fused_rms_norm": rms_decider,
+                "fused_moe": lambda: gcu_kernels.fused_moe(facts),
+                "gcu_attention": lambda: gcu_kernels.gcu_attention(facts, dt, kv),
+                "gcu_rotary": lambda: gcu_kernels.gcu_rotary(facts), "gcu_rms_norm": lambda: gcu_kernels.gcu_rms_norm(facts)}
     cpu_reason = "set to composed by the operator" if mode == "composed" else "not in the operator's kernels list"
     for name in OPTIONAL_KERNELS:
         if mode == "composed":
@@ -374,6 +368,7 @@ def gather_facts(device: Device | str, cpu_kernels: tuple[bool, str] = (False, "
     description = "" if device.kind == "cpu" else f"{device} through {gcu_plugin_description()}"
     return PlaceFacts(device=device, cpu=host_cpu(), registry=KernelRegistry(), kernel_fallback=fallback,
                       paddle_version=paddle.__version__, device_description=description,
+                      op_signatures=gcu_kernels.gather_signatures(device.kind),
                       cpu_kernels_built=cpu_kernels[0], cpu_kernels_detail=cpu_kernels[1])
 
 

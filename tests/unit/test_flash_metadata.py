@@ -1,0 +1,48 @@
+"""The "flash" attention metadata of a mixed step (worker/inputs.py, for the gcu OpSet's one
+flash_attn_var_len_gcu call per layer) and the paged "blocks" KV layout's copy on write
+(kv_cache.copy_blocks), checked against values worked out by hand from the step."""
+
+from __future__ import annotations
+
+import numpy as np
+import paddle
+
+from paddle_llm_engine.step import SeqStep, Step
+from paddle_llm_engine.worker.inputs import pack_step
+from paddle_llm_ops.kv_cache import copy_blocks
+
+BS = 4
+
+
+def test_flash_metadata_of_a_mixed_step():
+    step = Step((
+        SeqStep("a", 0, (11,), 5, (7, 2), True),                  # decode: 6th token, block 2 offset 1
+        SeqStep("b", 0, (12,), 3, (4,), True),                    # decode at a block's last slot
+        SeqStep("c", 0, (1, 2, 3, 4, 5), 0, (9, 1), True),        # fresh prompt over two blocks
+        SeqStep("d", 0, (6, 7, 8), 4, (3, 5), False),             # chunk after a 4-token prefix-cache hit
+    ))
+    inp = pack_step(step, BS, "flash")
+    m = inp.meta
+    assert inp.input_ids.numpy().tolist() == [11, 12, 1, 2, 3, 4, 5, 6, 7, 8]
+    assert inp.positions.numpy().tolist() == [5, 3, 0, 1, 2, 3, 4, 4, 5, 6]
+    assert m.slot_mapping.dtype == paddle.int32
+    assert m.slot_mapping.numpy().tolist() == [2 * BS + 1, 4 * BS + 3, 36, 37, 38, 39, 4, 20, 21, 22]
+    assert m.cu_seqlens_q.numpy().tolist() == [0, 1, 2, 7, 10]
+    assert m.seqused_k.numpy().tolist() == [6, 4, 5, 7]
+    assert m.block_table.dtype == paddle.int32
+    assert m.block_table.numpy().tolist() == [[7, 2], [4, 0], [9, 1], [3, 5]]
+    assert (m.max_seqlen_q, m.max_seqlen_k, m.num_decodes) == (5, 7, 2)
+    assert m.prefills == [] and m.decode_slots is None
+    assert inp.last_rows.tolist() == [0, 1, 6]  # "d" does not sample this step
+
+
+def test_copy_blocks_in_the_blocks_layout_copies_whole_blocks():
+    rng = np.random.default_rng(0)
+    k = rng.standard_normal((6, BS, 2, 3)).astype(np.float32)
+    v = rng.standard_normal((6, BS, 2, 3)).astype(np.float32)
+    caches = [(paddle.to_tensor(k), paddle.to_tensor(v))]
+    copy_blocks(caches, [(1, 4), (2, 0)], BS, "float32", layout="blocks")
+    want_k, want_v = k.copy(), v.copy()
+    want_k[4], want_k[0], want_v[4], want_v[0] = k[1], k[2], v[1], v[2]
+    np.testing.assert_array_equal(caches[0][0].numpy(), want_k)
+    np.testing.assert_array_equal(caches[0][1].numpy(), want_v)
