@@ -34,10 +34,14 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-SOURCE = HERE / "standin_gcu.cc"
+SOURCE = HERE / "standin_gcu.cc"  # the device runtime (InitPlugin); no paddle C++ API
+OP_SOURCES = (HERE / "standin_ops_attn.cc", HERE / "standin_ops_flash.cc", HERE / "standin_ops_quant_moe.cc")
+OP_HEADERS = (HERE / "standin_ops.h",)
+OPS_MODULE = HERE / "standin_ops_module.py"  # becomes paddle_custom_device/gcu/ops/__init__.py
 BUILD_ROOT = REPO / "build" / "gcu_standin"
 LIB_NAME = "libpaddle-custom-standin-gcu.so"
-CXXFLAGS = ["-O2", "-fPIC", "-shared", "-std=c++17", "-DPADDLE_WITH_CUSTOM_DEVICE"]
+CXXFLAGS = ["-O2", "-fPIC", "-std=c++17", "-DPADDLE_WITH_CUSTOM_DEVICE", "-w"]
+VARIANTS = {"good": [], "broken": ["-DSTANDIN_VARIANT_BROKEN"]}
 DEFAULT_VERSION_SUFFIX = "+standin"
 
 
@@ -45,18 +49,33 @@ class PluginBuildError(RuntimeError):
     """The stand-in plug-in did not compile; the message holds the command and the compiler's output."""
 
 
-def paddle_include_dir() -> Path:
-    """`paddle/include` of the installed paddle wheel, found without importing paddle."""
+def _paddle_dir() -> Path:
     import importlib.util
 
     spec = importlib.util.find_spec("paddle")
     if spec is None or not spec.submodule_search_locations:
         raise PluginBuildError("paddle is not installed in this interpreter: cannot find its C headers")
-    inc = Path(list(spec.submodule_search_locations)[0]) / "include"
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def paddle_include_dir() -> Path:
+    """`paddle/include` of the installed paddle wheel, found without importing paddle."""
+    inc = _paddle_dir() / "include"
     if not (inc / "paddle" / "phi" / "backends" / "device_ext.h").is_file():
         raise PluginBuildError(f"{inc}/paddle/phi/backends/device_ext.h missing: this paddle build ships no "
                                f"CustomDevice headers")
     return inc
+
+
+def paddle_link_flags() -> list[str]:
+    """Link the wheel's libpaddle.so (paddle/base), as paddle.utils.cpp_extension does (`-l:libpaddle.so`
+    with --no-as-needed), with an rpath to it: the op bodies call Paddle's C++ API (tensor accessors,
+    device contexts, the op-meta registry), whose symbols live there and in libphi / libcommon, which
+    libpaddle.so pulls in through its own rpath."""
+    base = _paddle_dir() / "base"
+    if not (base / "libpaddle.so").is_file():
+        raise PluginBuildError(f"{base}/libpaddle.so missing: cannot link the stand-in's custom ops")
+    return [f"-L{base}", f"-Wl,-rpath,{base}", "-Wl,--no-as-needed", "-l:libpaddle.so", "-Wl,--as-needed"]
 
 
 def _compiler() -> str:
@@ -73,36 +92,84 @@ def _compiler_id(cxx: str) -> str:
         raise PluginBuildError(f"cannot run {cxx} --version: {e}") from e
 
 
-def build_plugin(build_root: Path | None = None, source: Path = SOURCE, timeout: float = 300.0) -> Path:
-    """Compile (or reuse) the plug-in; returns the folder holding only its .so (CUSTOM_DEVICE_ROOT)."""
+def _paddle_version() -> str:
+    import importlib.metadata as md
+
+    try:
+        return md.version("paddlepaddle")
+    except md.PackageNotFoundError:
+        return "unknown"
+
+
+def cache_key(variant: str, sources: list[Path], cxx: str, inc: Path) -> str:
+    """sha256 (16 hex digits) over the sources and headers (names and bytes), the compiler's identity,
+    the flags (those of the variant included), the headers' location and the paddle version."""
+    h = hashlib.sha256()
+    for p in [*sources, *OP_HEADERS]:
+        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    for part in (_compiler_id(cxx), " ".join(CXXFLAGS + VARIANTS[variant]), str(inc), _paddle_version()):
+        h.update(part.encode() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def _compile_all(cxx: str, flags: list[str], sources: list[Path], work: Path, timeout: float) -> list[Path]:
+    """Compile each source to an object in `work`, two at a time (the machine has two cores)."""
+    objects, procs = [], []
+    for src in sources:
+        obj = work / (src.stem + ".o")
+        cmd = [cxx, *flags, "-c", str(src), "-o", str(obj)]
+        procs.append((cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
+        objects.append(obj)
+        if len(procs) >= 2 or src == sources[-1]:
+            for c, p in procs:
+                try:
+                    out, _ = p.communicate(timeout=timeout)
+                except subprocess.TimeoutExpired as e:
+                    p.kill()
+                    raise PluginBuildError(f"compiling took over {timeout:.0f} s: {' '.join(c)}") from e
+                if p.returncode != 0:
+                    raise PluginBuildError(f"compiling the stand-in gcu plug-in failed (exit {p.returncode}):\n"
+                                           f"$ {' '.join(c)}\n{out}")
+            procs = []
+    return objects
+
+
+def build_plugin(build_root: Path | None = None, source: Path = SOURCE, timeout: float = 600.0,
+                 variant: str = "good") -> Path:
+    """Compile (or reuse) the plug-in; returns the folder holding only its .so (CUSTOM_DEVICE_ROOT).
+
+    variant "good": every op computes its reference result. "broken": rms_norm_gcu is a stub that
+    returns garbage and flash_attn_var_len_gcu is registered with a wrong signature (no `softcap`,
+    an extra `head_size: int`). Each variant and source version has its own cache folder
+    `<build_root>/<variant>-<hash>/`. Raises PluginBuildError (compiler output in the message) when
+    the compile or the link fails, and ValueError for an unknown variant."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown stand-in variant {variant!r} (expected one of {', '.join(VARIANTS)})")
     build_root = Path(build_root or BUILD_ROOT)
     cxx = _compiler()
     inc = paddle_include_dir()
-    src = Path(source).read_bytes()
-    key = hashlib.sha256(b"\0".join([src, _compiler_id(cxx).encode(), " ".join(CXXFLAGS).encode(),
-                                     str(inc).encode()])).hexdigest()[:16]
-    out_dir = build_root / key
+    sources = [Path(source), *OP_SOURCES]
+    out_dir = build_root / f"{variant}-{cache_key(variant, sources, cxx, inc)}"
     lib = out_dir / LIB_NAME
     if lib.is_file():
         return out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
-    # Compile beside the target, then rename: concurrent builders never see a half-written .so, and
-    # the temporary file's name does not end in .so (Paddle loads every *.so in CUSTOM_DEVICE_ROOT).
-    fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".tmp", dir=out_dir)
-    os.close(fd)
-    cmd = [cxx, *CXXFLAGS, f"-I{inc}", f"-I{inc / 'third_party'}", str(source), "-o", tmp]
+    # Build in a private folder beside the target, then rename the .so into place: concurrent
+    # builders never see a half-written .so, and no other file ending in .so ever appears in
+    # out_dir (Paddle loads every *.so in CUSTOM_DEVICE_ROOT).
+    work = Path(tempfile.mkdtemp(prefix=".build-", dir=build_root))
+    flags = [*CXXFLAGS, *VARIANTS[variant], f"-I{inc}", f"-I{inc / 'third_party'}", f"-I{HERE}"]
     try:
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired as e:
-            raise PluginBuildError(f"compiling the stand-in plug-in took over {timeout:.0f} s: {' '.join(cmd)}") from e
+        objects = _compile_all(cxx, flags, sources, work, timeout)
+        tmp = work / "plugin.tmp"
+        cmd = [cxx, "-shared", *map(str, objects), "-o", str(tmp), *paddle_link_flags()]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         if r.returncode != 0:
-            raise PluginBuildError(f"compiling the stand-in gcu plug-in failed (exit {r.returncode}):\n"
+            raise PluginBuildError(f"linking the stand-in gcu plug-in failed (exit {r.returncode}):\n"
                                    f"$ {' '.join(cmd)}\n{r.stderr}{r.stdout}")
         os.replace(tmp, lib)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        shutil.rmtree(work, ignore_errors=True)
         if not lib.is_file():
             try:
                 out_dir.rmdir()  # leave no empty cache folder behind a failed build
@@ -112,9 +179,7 @@ def build_plugin(build_root: Path | None = None, source: Path = SOURCE, timeout:
 
 
 def installed_paddle_version() -> str:
-    import importlib.metadata as md
-
-    return md.version("paddlepaddle")
+    return _paddle_version()
 
 
 def write_standin_package(folder: Path, version: str | None = None, commit: str = "standin") -> Path:
@@ -142,7 +207,8 @@ def write_standin_package(folder: Path, version: str | None = None, commit: str 
     (pkg / "gcu" / "__init__.py").write_text(
         '"""Test stand-in of paddle_custom_device.gcu: NOT an Enflame GCU.\n\n'
         "The device type \"gcu\" comes from tests/gcu_standin/standin_gcu.cc (host memory) loaded through\n"
-        'CUSTOM_DEVICE_ROOT; this module only carries the version attributes of the real plug-in."""\n\n'
+        'CUSTOM_DEVICE_ROOT; this module carries the version attributes of the real plug-in, and its ops\n'
+        'submodule the wrappers of the custom ops (registering them on import, as the real one)."""\n\n'
         "STANDIN = True\n"
         f"full_version = {version!r}\n"
         f"version = {version.split('+')[0]!r}\n"
@@ -151,6 +217,8 @@ def write_standin_package(folder: Path, version: str | None = None, commit: str 
         "def version_info():\n"
         "    return {\"full_version\": full_version, \"tops_version\": tops_version, "
         "\"git_commit_id\": git_commit_id, \"standin\": True}\n")
+    (pkg / "gcu" / "ops").mkdir(exist_ok=True)
+    shutil.copyfile(OPS_MODULE, pkg / "gcu" / "ops" / "__init__.py")
     return folder
 
 

@@ -1,9 +1,25 @@
 // Stand-in "gcu" CustomDevice plug-in for tests: NOT an Enflame GCU.
 //
-// Registers Paddle custom device type "gcu" (sub type "standin") with two devices whose "device
-// memory" is host memory. Kernels are not registered here: Paddle runs its CPU kernels on these
-// places through kernel fallback (FLAGS_enable_api_kernel_fallback, on by default; ops on views need
-// FLAGS_use_stride_kernel=0). What this plug-in does model:
+// This file is the device runtime: it registers Paddle custom device type "gcu" (sub type
+// "standin") with devices whose "device memory" is host memory. The same .so also carries
+// reference implementations of paddle-custom-gcu's LLM custom ops (standin_ops_*.cc, registered
+// with PD_BUILD_OP under the real names, input orders, attributes, outputs and in-place maps:
+// flash_attn_var_len_gcu, reshape_and_cache_flash_gcu, fused_rotary_embedding_gcu, rms_norm_gcu,
+// fused_add_rms_norm_op, linear_quant_gcu, topk_softmax_gcu, moe_align_block_size_gcu,
+// fused_moe_kernel_gcu). Paddle registers those ops only when someone calls
+// load_op_meta_info_and_register_op on the .so (the stand-in `paddle_custom_device.gcu.ops` does
+// on import, as the real wheel's does). No phi kernels are registered: every other op runs
+// through Paddle's CPU kernels (FLAGS_enable_api_kernel_fallback, on by default; ops on views need
+// FLAGS_use_stride_kernel=0).
+//
+// What it models: the op signatures and their reference numerics (fp32 exact up to summation
+// order; bf16 / fp16 through float), the per-device memory accounting below, the device and
+// place plumbing. What it does not model: any GCU kernel's speed, TopsFA / topsvllm limits
+// (head sizes, block sizes, dtype support), real bf16 / fp16 numerics of the hardware, the stub
+// phi kernels of the real plug-in (the "broken" build variant stubs rms_norm_gcu instead), real
+// memory behaviour, streams, collectives.
+//
+// Runtime details:
 //   - device memory is accounted per device: an allocation that would take the device past its
 //     total memory fails (C_FAILED), so out-of-memory paths are testable;
 //   - device_memory_stats / get_device_properties report that total (and the free part);
@@ -13,10 +29,11 @@
 // Env STANDIN_GCU_USAGE_DIR: when set, every device allocation rewrites
 // <dir>/standin_gcu.<pid>.txt with one line per device, "gcu:<i> used <bytes> peak <bytes>", so a
 // test can see from outside which device a process (e.g. a Triton stub) put its memory on.
+// Env STANDIN_GCU_CALL_LOG=<path>: every custom-op call appends "<op> [<dims of first input>]".
 //
 // Written against paddle/phi/backends/device_ext.h of the installed wheel (tests/gcu_standin/build.py
-// compiles it with the machine's g++). No static objects with destructors: Paddle may call into the
-// plug-in while the process exits.
+// compiles it with the machine's g++ and links the ops against the wheel's libpaddle.so). No static
+// objects with destructors: Paddle may call into the plug-in while the process exits.
 
 #include <atomic>
 #include <cerrno>

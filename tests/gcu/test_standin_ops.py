@@ -1,0 +1,347 @@
+"""The stand-in GCU plug-in's reference custom ops (tests/gcu_standin/standin_ops_*.cc) against numpy
+references written here from the ops' published semantics (vLLM / flash-attn / Paddle's weight-only
+quantization), their registered signatures against paddle-custom-gcu's PD_BUILD_OP, the call log, and
+the "broken" build variant. Not an Enflame GCU: these ops are the oracle of the engine's GCU path.
+
+Every op call runs in a child process (tests/gcu_standin/ops_child.py): loaded into the pytest
+process, the plug-in would make gcu:0 Paddle's default device for every later test. Inputs go to the
+child and outputs come back through .npz files; the references are computed here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gcu_helpers import child_env, standin_build, tail
+
+CHILD = Path(standin_build.HERE) / "ops_child.py"
+MARK = "STANDIN_OPS_RESULT "
+TIMEOUT_S = 300.0
+FP32_TOL = 2e-5
+
+
+def run_ops(plugin_dir, package_dir, tmp_path, arrays, calls, signatures=(), env=None) -> tuple[dict, dict]:
+    """Run `calls` (ops_child.py spec) on gcu:0 in a child; returns (result json, output arrays)."""
+    npz_in, npz_out = tmp_path / "in.npz", tmp_path / "out.npz"
+    np.savez(npz_in, **arrays)
+    spec = {"npz_in": str(npz_in), "npz_out": str(npz_out), "calls": calls, "signatures": list(signatures)}
+    proc = subprocess.Popen([sys.executable, str(CHILD), json.dumps(spec)],
+                            env=child_env(plugin_dir, package_dir, {"FLAGS_use_stride_kernel": "0", **(env or {})}),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"ops child did not finish within {TIMEOUT_S:.0f} s\n{tail(err)}", pytrace=False)
+    lines = [line for line in out.splitlines() if line.startswith(MARK)]
+    if not lines:
+        pytest.fail(f"ops child exited with {proc.returncode} and no result\n{tail(out)}\n{tail(err)}", pytrace=False)
+    result = json.loads(lines[-1][len(MARK):])
+    if "error" in result:
+        pytest.fail(f"ops child raised {result['error']}\n{tail(err)}", pytrace=False)
+    outputs = dict(np.load(npz_out)) if npz_out.is_file() else {}
+    return result, outputs
+
+
+def t(name, dtype=None):
+    return {"t": name, "dtype": dtype} if dtype else {"t": name}
+
+
+def v(value):
+    return {"v": value}
+
+
+def close(got, ref, tol=FP32_TOL):
+    """max |got - ref| <= tol * max(1, max |ref|)."""
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    assert got.shape == ref.shape, (got.shape, ref.shape)
+    diff = float(np.max(np.abs(got - ref))) if ref.size else 0.0
+    assert diff <= tol * max(1.0, float(np.max(np.abs(ref))) if ref.size else 1.0), f"max diff {diff}"
+
+
+@pytest.fixture(scope="module")
+def broken_plugin_dir() -> Path:
+    try:
+        return standin_build.build_plugin(variant="broken")
+    except standin_build.PluginBuildError as e:
+        pytest.fail(str(e), pytrace=False)
+
+
+# ----------------------------------------------------------------------------- numpy references
+def ref_rms_norm(x, w, eps):
+    x = x.astype(np.float64)
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def ref_rotary(x, table, pos, is_neox):
+    """x [T, H, D]; table [max_pos, r] = cos | sin over r/2 frequencies; rotates the first r dims."""
+    x = x.astype(np.float64).copy()
+    r = table.shape[1]
+    cos, sin = table[pos, : r // 2][:, None, :], table[pos, r // 2:][:, None, :]
+    if is_neox:
+        a, b = x[..., : r // 2].copy(), x[..., r // 2: r].copy()
+        x[..., : r // 2], x[..., r // 2: r] = a * cos - b * sin, b * cos + a * sin
+    else:
+        a, b = x[..., 0:r:2].copy(), x[..., 1:r:2].copy()
+        x[..., 0:r:2], x[..., 1:r:2] = a * cos - b * sin, b * cos + a * sin
+    return x
+
+
+def ref_attention(q, keys, values, causal=True, scale=None, softcap=0.0, window=(-1, -1)):
+    """One sequence: q [q_len, H, D], keys/values [k_len, Hk, D] (contiguous) -> [q_len, H, D]."""
+    q_len, heads, dim = q.shape
+    k_len, kv_heads = keys.shape[0], keys.shape[1]
+    scale = dim ** -0.5 if scale is None else scale
+    rep = heads // kv_heads
+    k = np.repeat(keys.astype(np.float64), rep, axis=1)
+    vv = np.repeat(values.astype(np.float64), rep, axis=1)
+    s = np.einsum("qhd,khd->hqk", q.astype(np.float64), k) * scale
+    if softcap > 0:
+        s = softcap * np.tanh(s / softcap)
+    i = np.arange(q_len)[:, None] + (k_len - q_len)  # bottom-right aligned query positions
+    j = np.arange(k_len)[None, :]
+    allowed = np.ones((q_len, k_len), bool)
+    if causal:
+        allowed &= j <= i
+    if window[0] >= 0:
+        allowed &= j >= i - window[0]
+    if window[1] >= 0:
+        allowed &= j <= i + window[1]
+    s = np.where(allowed[None], s, -np.inf)
+    out = np.zeros((q_len, heads, dim))
+    for r in range(q_len):
+        if not allowed[r].any():
+            continue
+        p = np.exp(s[:, r] - s[:, r].max(axis=-1, keepdims=True))
+        p /= p.sum(axis=-1, keepdims=True)
+        out[r] = np.einsum("hk,khd->hd", p, vv)
+    return out
+
+
+# ----------------------------------------------------------------------------- norms
+@pytest.mark.parametrize("dtype,tol", [("float32", FP32_TOL), ("bfloat16", 2e-2), ("float16", 5e-3)])
+def test_rms_norm_and_fused_add_rms_norm_match_numpy(standin_plugin_dir, standin_package, tmp_path, dtype, tol):
+    rng = np.random.default_rng(0)
+    x, res = rng.standard_normal((7, 64)).astype(np.float32), rng.standard_normal((7, 64)).astype(np.float32)
+    w = (1 + 0.1 * rng.standard_normal(64)).astype(np.float32)
+    calls = [{"op": "rms_norm_gcu", "args": [t("x", dtype), t("w", dtype), v(1e-6)], "save": ["norm"]},
+             {"op": "fused_add_rms_norm_op", "args": [t("x", dtype), t("res", dtype), t("w", dtype), v(1e-5)],
+              "save": ["out", "res_out"]}]
+    result, out = run_ops(standin_plugin_dir, standin_package, tmp_path, {"x": x, "res": res, "w": w}, calls)
+    assert result["errors"] == {}
+    close(out["norm"], ref_rms_norm(x, w, 1e-6), tol)
+    close(out["res_out"], x + res, tol)
+    close(out["out"], ref_rms_norm(x + res, w, 1e-5), tol)
+    assert str(out["norm__place"]) == "Place(gcu:0)"
+
+
+# ----------------------------------------------------------------------------- rotary
+@pytest.mark.parametrize("is_neox,rot", [(True, 16), (False, 16), (True, 8)])
+def test_fused_rotary_embedding_rotates_in_place(standin_plugin_dir, standin_package, tmp_path, is_neox, rot):
+    rng = np.random.default_rng(1)
+    tokens, heads, kv_heads, dim = 5, 4, 2, 16
+    q = rng.standard_normal((1, tokens, heads, dim)).astype(np.float32)
+    k = rng.standard_normal((1, tokens, kv_heads, dim)).astype(np.float32)
+    freqs = np.outer(np.arange(32), 1.0 / 10000 ** (np.arange(rot // 2) * 2 / rot))
+    table = np.concatenate([np.cos(freqs), np.sin(freqs)], axis=1).astype(np.float32)
+    pos = np.array([[0, 3, 7, 30, 31]], np.int32)
+    calls = [{"op": "fused_rotary_embedding_gcu", "args": [t("q"), t("k"), t("table"), t("pos"), v(is_neox)],
+              "save": ["q_out", "k_out"], "save_after": {"q": "q_after", "k": "k_after"}}]
+    result, out = run_ops(standin_plugin_dir, standin_package, tmp_path,
+                          {"q": q, "k": k, "table": table, "pos": pos}, calls)
+    assert result["errors"] == {}
+    ref_q, ref_k = ref_rotary(q[0], table, pos[0], is_neox), ref_rotary(k[0], table, pos[0], is_neox)
+    for name, ref in (("q_out", ref_q), ("q_after", ref_q), ("k_out", ref_k), ("k_after", ref_k)):
+        close(out[name][0], ref)
+    assert not np.allclose(ref_q, q[0])  # the rotation did something
+
+
+def test_fused_rotary_embedding_refuses_what_the_real_op_refuses(standin_plugin_dir, standin_package, tmp_path):
+    q = np.zeros((3, 2, 8), np.float32)  # rank 3: the real op enforces rank 4
+    table = np.zeros((4, 8), np.float32)
+    calls = [{"op": "fused_rotary_embedding_gcu", "args": [t("q"), t("q"), t("table"), t("pos"), v(True)]},
+             {"op": "fused_rotary_embedding_gcu", "args": [t("q4"), t("q4"), t("table"), t("far"), v(True)]}]
+    result, _ = run_ops(standin_plugin_dir, standin_package, tmp_path,
+                        {"q": q, "q4": q[None], "table": table, "pos": np.zeros((1, 3), np.int32),
+                         "far": np.array([[0, 1, 4]], np.int32)}, calls)
+    assert "must be rank 4" in result["errors"]["0"]
+    assert "outside the table" in result["errors"]["1"]
+
+
+# ----------------------------------------------------------------------------- KV write
+def test_reshape_and_cache_flash_writes_slots_in_kernel_order(standin_plugin_dir, standin_package, tmp_path):
+    rng = np.random.default_rng(2)
+    blocks, bs, kvh, dim = 4, 4, 2, 8
+    kc = rng.standard_normal((blocks, bs, kvh, dim)).astype(np.float32)
+    vc = rng.standard_normal((blocks, bs, kvh, dim)).astype(np.float32)
+    key, val = rng.standard_normal((3, kvh, dim)).astype(np.float32), rng.standard_normal((3, kvh, dim)).astype(np.float32)
+    slots = np.array([5, -1, 14], np.int64)
+    arrays = {"kc": kc, "vc": vc, "k": key, "v": val, "slots": slots, "slots32": slots.astype(np.int32)}
+    calls = [{"op": "reshape_and_cache_flash_gcu", "args": [t("kc"), t("vc"), t("k"), t("v"), t("slots")],
+              "save_after": {"kc": "kc_after", "vc": "vc_after"}},
+             # the declared-name order (key first) would corrupt a real GCU's data: refused here
+             {"op": "reshape_and_cache_flash_gcu", "args": [t("k"), t("v"), t("kc"), t("vc"), t("slots32")]}]
+    result, out = run_ops(standin_plugin_dir, standin_package, tmp_path, arrays, calls)
+    ref_k, ref_v = kc.reshape(-1, kvh, dim).copy(), vc.reshape(-1, kvh, dim).copy()
+    ref_k[[5, 14]], ref_v[[5, 14]] = key[[0, 2]], val[[0, 2]]
+    np.testing.assert_array_equal(out["kc_after"].reshape(-1, kvh, dim), ref_k)
+    np.testing.assert_array_equal(out["vc_after"].reshape(-1, kvh, dim), ref_v)
+    assert list(result["errors"]) == ["1"] and "key_cache, value_cache, key, value" in result["errors"]["1"]
+
+
+# ----------------------------------------------------------------------------- attention
+def _paged(rng, seqs, blocks, bs, kvh, dim):
+    """Paged caches [blocks, bs, kvh, D] and a shuffled block table holding each sequence's keys."""
+    kc = rng.standard_normal((blocks, bs, kvh, dim)).astype(np.float32)
+    vc = rng.standard_normal((blocks, bs, kvh, dim)).astype(np.float32)
+    max_blocks = max(-(-k // bs) for _, k in seqs)
+    perm = rng.permutation(blocks)
+    table = np.zeros((len(seqs), max_blocks), np.int32)
+    used = 0
+    for s, (_, k_len) in enumerate(seqs):
+        n = -(-k_len // bs)
+        table[s, :n] = perm[used:used + n]
+        used += n
+    return kc, vc, table
+
+
+def _gather(cache, table_row, k_len, bs):
+    return np.concatenate([cache[b] for b in table_row])[:k_len] if k_len else cache[0, :0]
+
+
+def test_flash_attn_paged_mixed_step_matches_numpy(standin_plugin_dir, standin_package, tmp_path):
+    """A mixed step: a prefill chunk continuing a cached prefix (q shorter than k), two decodes, a
+    full prefill; GQA 4:2; causal bottom-right; query rows past cu_seqlens_q[-1] are zeros."""
+    rng = np.random.default_rng(3)
+    heads, kvh, dim, bs = 4, 2, 8, 4
+    seqs = [(5, 9), (1, 7), (1, 1), (6, 6)]  # (q_len, k_len)
+    kc, vc, table = _paged(rng, seqs, 12, bs, kvh, dim)
+    cu_q = np.concatenate([[0], np.cumsum([q for q, _ in seqs])]).astype(np.int32)
+    q = rng.standard_normal((cu_q[-1] + 2, heads, dim)).astype(np.float32)
+    arrays = {"q": q, "kc": kc, "vc": vc, "cu_q": cu_q, "used": np.array([k for _, k in seqs], np.int32),
+              "table": table}
+    attrs = [v(6), v(9), v(0.0), v(0.3), v(False), v(True), v(-1), v(-1), v(0.0), v(False)]
+    args = [t("q"), t("kc"), t("vc"), t("cu_q"), None, t("used"), None, t("table"), None]
+    calls = [{"op": "flash_attn_var_len_gcu", "args": args + attrs, "save": ["out"]},
+             {"op": "flash_attn_var_len_gcu", "args": args + [v(6), v(8)] + attrs[2:]}]  # max_seqlen_k too small
+    result, out = run_ops(standin_plugin_dir, standin_package, tmp_path, arrays, calls)
+    for s, (q_len, k_len) in enumerate(seqs):
+        ref = ref_attention(q[cu_q[s]:cu_q[s + 1]], _gather(kc, table[s], k_len, bs), _gather(vc, table[s], k_len, bs),
+                            scale=0.3)
+        close(out["out"][cu_q[s]:cu_q[s + 1]], ref)
+    assert np.all(out["out"][cu_q[-1]:] == 0)
+    assert "max_seqlen_k 8" in result["errors"]["1"] and "0" not in result["errors"]
+
+
+@pytest.mark.parametrize("causal,softcap,window", [(False, 0.0, (-1, -1)), (True, 5.0, (-1, -1)), (True, 0.0, (2, 0))])
+def test_flash_attn_unpaged_variants_match_numpy(standin_plugin_dir, standin_package, tmp_path, causal, softcap,
+                                                 window):
+    rng = np.random.default_rng(4)
+    heads, kvh, dim = 2, 1, 8
+    seqs = [(3, 6), (4, 4)]
+    cu_q = np.array([0, 3, 7], np.int32)
+    cu_k = np.array([0, 6, 10], np.int32)
+    q = rng.standard_normal((7, heads, dim)).astype(np.float32) * 2
+    k = rng.standard_normal((10, kvh, dim)).astype(np.float32) * 2
+    val = rng.standard_normal((10, kvh, dim)).astype(np.float32)
+    attrs = [v(4), v(6), v(0.0), v(dim ** -0.5), v(False), v(causal), v(window[0]), v(window[1]), v(softcap), v(False)]
+    calls = [{"op": "flash_attn_var_len_gcu", "args": [t("q"), t("k"), t("v"), t("cu_q"), t("cu_k"), None, None,
+                                                        None, None] + attrs, "save": ["out"]}]
+    result, out = run_ops(standin_plugin_dir, standin_package, tmp_path,
+                          {"q": q, "k": k, "v": val, "cu_q": cu_q, "cu_k": cu_k}, calls)
+    assert result["errors"] == {}
+    for s in range(2):
+        ref = ref_attention(q[cu_q[s]:cu_q[s + 1]], k[cu_k[s]:cu_k[s + 1]], val[cu_k[s]:cu_k[s + 1]], causal=causal,
+                            softcap=softcap, window=window)
+        close(out["out"][cu_q[s]:cu_q[s + 1]], ref)
+
+
+def test_flash_attn_bfloat16_within_tolerance(standin_plugin_dir, standin_package, tmp_path):
+    rng = np.random.default_rng(5)
+    seqs = [(3, 5), (1, 8)]
+    kc, vc, table = _paged(rng, seqs, 6, 4, 2, 16)
+    cu_q = np.array([0, 3, 4], np.int32)
+    q = rng.standard_normal((4, 4, 16)).astype(np.float32)
+    attrs = [v(3), v(8), v(0.0), v(0.25), v(False), v(True), v(-1), v(-1), v(0.0), v(False)]
+    args = [t("q", "bfloat16"), t("kc", "bfloat16"), t("vc", "bfloat16"), t("cu_q"), None, t("used"), None,
+            t("table"), None]
+    result, out = run_ops(standin_plugin_dir, standin_package, tmp_path,
+                          {"q": q, "kc": kc, "vc": vc, "cu_q": cu_q, "used": np.array([5, 8], np.int32),
+                           "table": table}, [{"op": "flash_attn_var_len_gcu", "args": args + attrs, "save": ["out"]}])
+    assert result["errors"] == {}
+    for s, (_, k_len) in enumerate(seqs):
+        ref = ref_attention(q[cu_q[s]:cu_q[s + 1]], _gather(kc, table[s], k_len, 4), _gather(vc, table[s], k_len, 4),
+                            scale=0.25)
+        close(out["out"][cu_q[s]:cu_q[s + 1]], ref, 2e-2)
+
+
+# ----------------------------------------------------------------------------- signatures, call log, variants
+EXPECTED = {  # paddle-custom-gcu backends/gcu/custom_op, PD_BUILD_OP (optional inputs end in @OPTIONAL)
+    "flash_attn_var_len_gcu": {
+        "inputs": ["query", "key", "value", "cu_seqlens_q", "cu_seqlens_k@OPTIONAL", "seqused_k@OPTIONAL",
+                   "leftpad_k@OPTIONAL", "block_table@OPTIONAL", "alibi_slopes@OPTIONAL"],
+        "outputs": ["attention_out"],
+        "attrs": [["max_seqlen_q", "INT"], ["max_seqlen_k", "INT"], ["p_dropout", "FLOAT"], ["softmax_scale", "FLOAT"],
+                  ["zero_tensors", "BOOLEAN"], ["is_causal", "BOOLEAN"], ["window_size_left", "INT"],
+                  ["window_size_right", "INT"], ["softcap", "FLOAT"], ["return_softmax", "BOOLEAN"]],
+        "inplace": {}},
+    "reshape_and_cache_flash_gcu": {
+        "inputs": ["key", "value", "key_cache", "value_cache", "slot_mapping"],
+        "outputs": ["key_cache_out", "value_cache_out"], "attrs": [], "inplace": {"0": 2, "1": 3}},
+    "fused_rotary_embedding_gcu": {
+        "inputs": ["query", "key", "cos_sin_table", "positions"], "outputs": ["query_out", "key_out"],
+        "attrs": [["is_neox", "BOOLEAN"]], "inplace": {}},
+    "rms_norm_gcu": {"inputs": ["x", "weight"], "outputs": ["out"], "attrs": [["epsilon", "FLOAT"]], "inplace": {}},
+    "fused_add_rms_norm_op": {"inputs": ["x", "residual", "weight"], "outputs": ["out", "residual_out"],
+                              "attrs": [["epsilon", "FLOAT"]], "inplace": {}},
+}
+
+
+def test_registered_signatures_are_the_real_ones(standin_plugin_dir, standin_package, tmp_path):
+    result, _ = run_ops(standin_plugin_dir, standin_package, tmp_path, {}, [], signatures=list(EXPECTED))
+    assert set(EXPECTED) <= set(result["registered"])
+    for name, want in EXPECTED.items():
+        got = result["signatures"][name]
+        assert {k: got[k] for k in want} == want, name
+        assert got["optional"] == [i for i in want["inputs"] if i.endswith("@OPTIONAL")]
+
+
+def test_call_log_has_one_line_per_call(standin_plugin_dir, standin_package, tmp_path):
+    log = tmp_path / "calls.txt"
+    x, w = np.ones((7, 64), np.float32), np.ones(64, np.float32)
+    calls = [{"op": "rms_norm_gcu", "args": [t("x"), t("w"), v(1e-6)]},
+             {"op": "fused_add_rms_norm_op", "args": [t("x"), t("x"), t("w"), v(1e-6)]}]
+    run_ops(standin_plugin_dir, standin_package, tmp_path, {"x": x, "w": w}, calls,
+            env={"STANDIN_GCU_CALL_LOG": str(log)})
+    assert log.read_text().splitlines() == ["rms_norm_gcu [7, 64]", "fused_add_rms_norm_op [7, 64]"]
+
+
+def test_broken_variant_has_a_stub_norm_and_a_wrong_attention_signature(broken_plugin_dir, standin_plugin_dir,
+                                                                        standin_package, tmp_path):
+    assert broken_plugin_dir != standin_plugin_dir and broken_plugin_dir.parent == standin_plugin_dir.parent
+    rng = np.random.default_rng(6)
+    x, w = rng.standard_normal((3, 16)).astype(np.float32), np.ones(16, np.float32)
+    calls = [{"op": "rms_norm_gcu", "args": [t("x"), t("w"), v(1e-6)], "save": ["norm"]}]
+    result, out = run_ops(broken_plugin_dir, standin_package, tmp_path, {"x": x, "w": w}, calls,
+                          signatures=["flash_attn_var_len_gcu", "rms_norm_gcu"])
+    assert np.max(np.abs(out["norm"] - ref_rms_norm(x, w, 1e-6))) > 100  # garbage, not the norm
+    attrs = [a for a, _ in result["signatures"]["flash_attn_var_len_gcu"]["attrs"]]
+    assert "softcap" not in attrs and attrs[-1] == "head_size"
+    assert result["signatures"]["rms_norm_gcu"]["attrs"] == EXPECTED["rms_norm_gcu"]["attrs"]
+
+
+def test_build_variants_are_cached_apart(standin_plugin_dir, broken_plugin_dir):
+    assert standin_build.build_plugin() == standin_plugin_dir  # cached: same folder, no rebuild
+    assert standin_plugin_dir.name.startswith("good-") and broken_plugin_dir.name.startswith("broken-")
+    assert [p.name for p in standin_plugin_dir.iterdir()] == [standin_build.LIB_NAME]
+    with pytest.raises(ValueError, match="unknown stand-in variant"):
+        standin_build.build_plugin(variant="nope")
