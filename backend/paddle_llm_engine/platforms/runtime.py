@@ -36,6 +36,14 @@ class Platform:
         """Bytes the KV cache of one rank could take now (weights loaded), or None when unknown."""
         raise NotImplementedError
 
+    # Where available_memory's figure comes from, for the KV sizing log line.
+    memory_source = "the platform's memory query"
+
+    def memory_report(self, device: Device, ranks_on_host: int = 1) -> tuple[int | None, str]:
+        """(available_memory(...), where that figure comes from, or why there is none)."""
+        avail = self.available_memory(device, ranks_on_host)
+        return avail, self.memory_source if avail is not None else f"{self.memory_source} gave no figure"
+
     def device_count(self, device: Device) -> tuple[int, str]:
         """(how many ranks of one engine this kind of place can hold, what that count is)."""
         raise NotImplementedError
@@ -71,6 +79,8 @@ class CpuPlatform(Platform):
 
             cpu_kernels.set_num_threads(threads)
 
+    memory_source = "the host's MemAvailable"
+
     def available_memory(self, device: Device, ranks_on_host: int = 1) -> int | None:
         """The host's MemAvailable, split evenly between the ranks that share the host."""
         avail = host_available_memory()
@@ -103,8 +113,24 @@ class GcuPlatform(Platform):
         paddle.set_device(str(device))
 
     def available_memory(self, device: Device, ranks_on_host: int = 1) -> int | None:
-        """Memory not yet held by Paddle on this device (each rank has its own device)."""
-        return gcu_available_memory(str(device))
+        """Free bytes of this device (each rank has its own device): see memory_report."""
+        return self.memory_report(device, ranks_on_host)[0]
+
+    def memory_report(self, device: Device, ranks_on_host: int = 1) -> tuple[int | None, str]:
+        """(free bytes of the device, where from): the TOPS runtime's topsMemGetInfo free figure
+        (tops_runtime; memory of other processes on the device counted), else the plug-in's total
+        memory minus what Paddle reserved in this process (device.gcu_available_memory), else None
+        (the caller falls back to the explicit settings), the reason naming both attempts."""
+        from paddle_llm_engine.platforms import tops_runtime
+
+        info, where = tops_runtime.query(device.index)
+        if info is not None:
+            free, total = info
+            return free, f"the TOPS runtime ({where}: {free / 2**20:.0f} MiB free of {total / 2**20:.0f} MiB)"
+        avail = gcu_available_memory(str(device))
+        if avail is not None:
+            return avail, f"the plug-in's total memory minus Paddle's reserved (no TOPS runtime figure: {where})"
+        return None, f"no TOPS runtime figure ({where}) and the plug-in reports no total memory"
 
     def device_count(self, device: Device) -> tuple[int, str]:
         import paddle

@@ -59,14 +59,16 @@ class Worker:
         self.threads = threads or self.platform.kernel_threads(engine_config.num_threads, ranks_on_host)
         self.platform.activate(self.device, self.threads)
         self.plan = plan_for_device(self.device, engine_config.dtype, engine_config.kv_cache_dtype,
-                                    engine_config.kernels, engine_config.quantization)
+                                    engine_config.kernels, engine_config.quantization,
+                                    engine_config.quantization_group_size)
         gather = self.plan.kv_gather_dtype if self.plan.kv_gather_dtype != self.plan.kv_cache_dtype else None
         on = self.plan.kernels
         self.ops = build_opset(fused_rms_norm=on.get("fused_rms_norm", False),
                                kv_gather_dtype=gather, fused_moe=on.get("fused_moe", False),
                                cpu_isa=self.plan.cpu_isa, quantization=self.plan.quantization,
                                block_size=self.block_size, gcu_attention=on.get("gcu_attention", False),
-                               gcu_rotary=on.get("gcu_rotary", False), gcu_rms_norm=on.get("gcu_rms_norm", False))
+                               gcu_rotary=on.get("gcu_rotary", False), gcu_rms_norm=on.get("gcu_rms_norm", False),
+                               quantization_group_size=self.plan.quantization_group_size)
         self.platform.configure_kernels(self.plan, self.threads)
         self.model = (make_model or build_model)(model_config, self.ops, self.plan.dtype)
         self.model.load_weights(engine_config.model_dir)
@@ -89,13 +91,13 @@ class Worker:
         frac = self.config.kv_cache_memory_fraction
         fixed = self.config.kv_cache_memory_bytes
         if frac > 0:
-            avail = self.platform.available_memory(self.device, self.ranks_on_host)
+            avail, where = self.platform.memory_report(self.device, self.ranks_on_host)
             if avail is not None:
                 return int(frac * avail), (f"kv_cache_memory_fraction {frac:g} of {avail / 2**20:.0f} MiB "
-                                           f"available on {self.device} after loading the weights")
-            log.warning("kv_cache_memory_fraction %g is set but %s does not report its free memory: "
-                        "sizing the KV cache from kv_cache_memory_bytes (%d) instead", frac, self.device, fixed)
-            return fixed, f"kv_cache_memory_bytes {fixed} (fallback: free memory unknown)"
+                                           f"available on {self.device} after loading the weights, from {where}")
+            log.warning("kv_cache_memory_fraction %g is set but %s does not report its free memory (%s): "
+                        "sizing the KV cache from kv_cache_memory_bytes (%d) instead", frac, self.device, where, fixed)
+            return fixed, f"kv_cache_memory_bytes {fixed} (fallback: free memory unknown: {where})"
         return fixed, f"kv_cache_memory_bytes {fixed}"
 
     def determine_num_kv_blocks(self) -> int:

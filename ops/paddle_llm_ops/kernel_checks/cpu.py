@@ -1,7 +1,7 @@
 """Checks of the CPU place's optional kernels (see kernel_checks/__init__.py for the contract).
 
 - "cpu_kernels": every op of paddle_llm_ops.cpu_kernels the cpu OpSet calls (rms_norm, add_rms_norm,
-  the fp32 GEMV, int8 quantization and GEMV, rotary + paged
+  the fp32 GEMV, int8 quantization and GEMV, the int4 GEMV, rotary + paged
   KV write, paged decode attention), on the dispatch path given as `isa`, against composed Paddle
   ops written here (independent of the kernels' own code). fp32 only: the kernels have no other.
 - "fused_rms_norm": Paddle's paddle.incubate.nn.functional.fused_rms_norm against the composed
@@ -65,6 +65,35 @@ def _linear_parts(ck, rng, isa: str) -> dict[str, tuple[float, float]]:
         out[f"gemv+bias batch {b}"] = difference(ck.gemv(x, _t(w), _t(bias), isa), ref + _t(bias))
         out[f"gemv_int8 batch {b}"] = difference(ck.gemv_int8(x, q, s, _t(bias), isa),
                                                  paddle.matmul(x, deq, transpose_y=True) + _t(bias))
+    out.update(_int4_parts(ck, rng, isa))
+    return out
+
+
+def _unpack_int4(q: np.ndarray, scale: np.ndarray, k: int) -> np.ndarray:
+    """The fp32 [N, k] weight of packed int4 (two's complement nibbles, even k in the low one) times
+    its per-group scales [N, k / G], written here from the documented layout."""
+    lo = (q & 0x0F).astype(np.int16)
+    hi = (q >> 4).astype(np.int16)
+    vals = np.stack([np.where(lo > 7, lo - 16, lo), np.where(hi > 7, hi - 16, hi)], axis=-1).reshape(q.shape[0], -1)
+    group = k // scale.shape[1]
+    return vals[:, :k].astype(np.float32) * np.repeat(scale, group, axis=1)
+
+
+def _int4_parts(ck, rng, isa: str) -> dict[str, tuple[float, float]]:
+    """The int4 GEMV (wint4) per output channel and in groups of 64, where the library has it."""
+    if not hasattr(ck, "gemv_int4"):
+        return {}
+    n, k = 40, 192
+    w, bias = random_array(rng, (n, k)), random_array(rng, (n,))
+    out = {}
+    for group in (-1, 64):
+        q, s = ck.quantize_int4_numpy(w, group)
+        ref_w = _t(_unpack_int4(q, s, k))
+        out[f"dequantize_int4 group {group}"] = difference(ck.dequantize_int4(_t(q), _t(s), k, isa), ref_w)
+        for b in (1, 4):
+            x = _t(random_array(rng, (b, k)))
+            out[f"gemv_int4 group {group} batch {b}"] = difference(
+                ck.gemv_int4(x, _t(q), _t(s), _t(bias), isa), paddle.matmul(x, ref_w, transpose_y=True) + _t(bias))
     return out
 
 
