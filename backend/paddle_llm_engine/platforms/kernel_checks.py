@@ -112,11 +112,17 @@ def run_in_child(name: str, dtype: str, timeout: float = CHILD_TIMEOUT_S, **para
         fn = load_checks()[name]
     except Exception as e:
         return ChildVerdict(False, f"the check raised {type(e).__name__}: {_first_line(e)}")
-    cmd = [sys.executable, "-c", _CHILD_CODE, fn.__module__, fn.__qualname__, dtype, json.dumps(params)]
+    # The interpreter, also inside Triton's Python-backend stub (whose sys.executable is the stub).
+    from paddle_llm_engine.executor.processes import python_executable
+
+    args = [_CHILD_CODE, fn.__module__, fn.__qualname__, dtype, json.dumps(params)]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_child_env())
+        proc = subprocess.run([python_executable(), "-c", *args], capture_output=True, text=True, timeout=timeout,
+                              env=_child_env())
     except subprocess.TimeoutExpired:
         return ChildVerdict(False, f"the check did not finish within {timeout:.0f} s (in a child process)")
+    except (OSError, RuntimeError) as e:  # no interpreter to start
+        return ChildVerdict(False, f"the check process did not start: {e}")
     if proc.returncode < 0:
         return ChildVerdict(False, f"the check process died with {_signal_name(-proc.returncode)}")
     lines = [line[len(_MARK):] for line in proc.stdout.splitlines() if line.startswith(_MARK)]
