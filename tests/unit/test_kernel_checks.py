@@ -255,3 +255,34 @@ def test_plan_for_device_logs_the_checks_and_their_cost(cache_dir, caplog):
     assert cold.decisions[-1].startswith("kernel checks: cpu_kernels ") and cold.decisions[-1].endswith(" s")
     assert warm.decisions[-1] == "kernel checks: cpu_kernels cached"
     assert "platform cpu: kernel checks: cpu_kernels cached" in caplog.text
+
+
+def test_engine_with_a_garbage_kernel_runs_the_composed_ops_and_says_why(tiny_model_dir, monkeypatch, cache_dir,
+                                                                        caplog):
+    """An engine whose C++ kernels (and Paddle's fused RMSNorm) fail their checks starts on the
+    composed ops, logs why, and gives the greedy tokens of an engine with the verified kernels."""
+    from paddle_llm_engine import EngineConfig, LLMEngine, SamplingParams
+
+    kw = dict(model_dir=tiny_model_dir, device="cpu", num_kv_blocks=16, block_size=16, max_model_len=128)
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+
+    def run(engine):
+        engine.add_request("r", list(range(30, 47)), params)
+        toks = []
+        while engine.has_unfinished_requests():
+            for o in engine.step():
+                toks.extend(o.token_ids)
+        return toks
+
+    verified = LLMEngine(EngineConfig(**kw))
+    assert dict(verified.executor.worker.ops.names)["rms_norm"].startswith("cpu_")
+    fake(monkeypatch, "cpu_kernels", fakes.garbage)
+    fake(monkeypatch, "fused_rms_norm", fakes.garbage, isolate=True)
+    with caplog.at_level(logging.INFO, logger="paddle_llm_engine.platforms.plan"):
+        composed = LLMEngine(EngineConfig(**kw))
+    names = dict(composed.executor.worker.ops.names)
+    assert names["rms_norm"] == "composed" and names["rotary_kv_write"] == "composed", names
+    assert "platform cpu: cpu_kernels: off, verification failed: max |kernel - composed| 3.1e+07" in caplog.text
+    if cpu_features.host_cpu().has("avx512f"):  # considered once the C++ kernels are off, and refused too
+        assert "platform cpu: fused_rms_norm: off, verification failed: max |kernel - composed| 3.1e+07" in caplog.text
+    assert run(composed) == run(verified)
