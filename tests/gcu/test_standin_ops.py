@@ -303,6 +303,21 @@ EXPECTED = {  # paddle-custom-gcu backends/gcu/custom_op, PD_BUILD_OP (optional 
     "rms_norm_gcu": {"inputs": ["x", "weight"], "outputs": ["out"], "attrs": [["epsilon", "FLOAT"]], "inplace": {}},
     "fused_add_rms_norm_op": {"inputs": ["x", "residual", "weight"], "outputs": ["out", "residual_out"],
                               "attrs": [["epsilon", "FLOAT"]], "inplace": {}},
+    "linear_quant_gcu": {"inputs": ["lhs", "rhs", "scale", "bias@OPTIONAL"], "outputs": ["linear_out"],
+                         "attrs": [["group_size", "INT"]], "inplace": {}},
+    "topk_softmax_gcu": {
+        "inputs": ["topk_weights", "topk_indices", "token_expert_indices", "gating_output"],
+        "outputs": ["topk_weights_out", "topk_indices_out", "token_expert_indices_out"],
+        "attrs": [["norm_topk_prob", "BOOLEAN"]], "inplace": {}},
+    "moe_align_block_size_gcu": {
+        "inputs": ["sorted_token_ids", "experts_ids", "num_tokens_post_pad", "topk_ids"],
+        "outputs": ["sorted_token_ids_out", "experts_ids_out", "num_tokens_post_pad_out"],
+        "attrs": [["num_experts", "INT"], ["block_size", "INT"]], "inplace": {}},
+    "fused_moe_kernel_gcu": {
+        "inputs": ["C", "A", "B", "bias@OPTIONAL", "topk_weights", "topk_ids", "sorted_token_ids", "experts_ids",
+                   "num_tokens_post_pad"],
+        "outputs": ["C_out"], "attrs": [["mul_routed_weight", "BOOLEAN"], ["topk", "LONG"], ["block_size", "LONG"]],
+        "inplace": {}},
 }
 
 
@@ -345,3 +360,182 @@ def test_build_variants_are_cached_apart(standin_plugin_dir, broken_plugin_dir):
     assert [p.name for p in standin_plugin_dir.iterdir()] == [standin_build.LIB_NAME]
     with pytest.raises(ValueError, match="unknown stand-in variant"):
         standin_build.build_plugin(variant="nope")
+
+
+# ----------------------------------------------------------------------------- weight-only linear
+def quantize(w, bits, group):
+    """w [K, N] -> (q [K, N] ints in [-127, 127] or [-7, 7], scale [N] or [ceil(K/group), N]): round to
+    nearest of w / scale, scale = max |w| / 127 (or 7) per column or per group of `group` rows."""
+    k_dim, n_dim = w.shape
+    g = k_dim if group < 0 else group
+    groups = -(-k_dim // g)
+    scale = np.stack([np.abs(w[i * g:(i + 1) * g]).max(axis=0) for i in range(groups)]) / (127 if bits == 8 else 7)
+    q = np.clip(np.round(w / np.repeat(scale, g, axis=0)[:k_dim]), -(127 if bits == 8 else 7), 127 if bits == 8 else 7)
+    return q.astype(np.int8), (scale[0] if group < 0 else scale).astype(np.float32)
+
+
+def pack_int4(q):
+    """q [K, N] in [-7, 7] -> uint8 [N, Kp/2], Kp = K rounded up to 128: u = q + 8, and byte (n, 64c + i)
+    holds u[128c + i, n] in its low and u[128c + 64 + i, n] in its high nibble (weight_quantize_rtn's)."""
+    k_dim, n_dim = q.shape
+    kp = -(-k_dim // 128) * 128
+    u = np.zeros((kp, n_dim), np.uint8)
+    u[:k_dim] = (q.astype(np.int16) + 8).astype(np.uint8)
+    chunks = u.reshape(kp // 128, 2, 64, n_dim)
+    packed = chunks[:, 0] | (chunks[:, 1] << 4)  # [Kp/128, 64, N]
+    return np.ascontiguousarray(packed.reshape(kp // 2, n_dim).T)
+
+
+def dequantize(q, scale, group):
+    g = q.shape[0] if group < 0 else group
+    s = scale[None, :] if group < 0 else np.repeat(scale, g, axis=0)[:q.shape[0]]
+    return q.astype(np.float64) * s
+
+
+@pytest.mark.parametrize("bits,group,k_dim", [(8, -1, 96), (8, 64, 128), (4, -1, 96), (4, 64, 192), (4, 128, 256)])
+def test_linear_quant_matches_the_dequantized_weight(standin_plugin_dir, standin_package, tmp_path, bits, group, k_dim):
+    rng = np.random.default_rng(7)
+    n_dim = 48
+    w = rng.standard_normal((k_dim, n_dim)).astype(np.float32)
+    q, scale = quantize(w, bits, group)
+    rhs = q.T.copy() if bits == 8 else pack_int4(q)
+    x = rng.standard_normal((2, 3, k_dim)).astype(np.float32)
+    bias = rng.standard_normal(n_dim).astype(np.float32)
+    calls = [{"op": "linear_quant_gcu", "args": [t("x"), t("rhs"), t("scale"), None, v(group)], "save": ["out"]},
+             {"op": "linear_quant_gcu", "args": [t("x"), t("rhs"), t("scale"), t("bias"), v(group)], "save": ["out_b"]},
+             {"op": "linear_quant_gcu", "args": [t("x", "bfloat16"), t("rhs"), t("scale"), None, v(group)],
+              "save": ["out_bf16"]}]
+    result, out = run_ops(standin_plugin_dir, standin_package, tmp_path,
+                          {"x": x, "rhs": rhs, "scale": scale, "bias": bias}, calls)
+    assert result["errors"] == {}
+    ref = x.astype(np.float64) @ dequantize(q, scale, group)
+    close(out["out"], ref, 1e-5)
+    close(out["out_b"], ref + bias, 1e-5)
+    close(out["out_bf16"], ref, 3e-2)
+    # and the quantization itself is as accurate as its bit width allows
+    assert np.max(np.abs(ref - x @ w)) < (0.05 if bits == 8 else 0.8) * np.max(np.abs(x @ w))
+
+
+def test_linear_quant_refuses_a_square_int4_weight_the_real_op_would_mis_size(standin_plugin_dir, standin_package,
+                                                                              tmp_path):
+    q, scale = quantize(np.ones((128, 128), np.float32), 4, -1)
+    calls = [{"op": "linear_quant_gcu", "args": [t("x"), t("rhs"), t("scale"), None, v(-1)]}]
+    result, _ = run_ops(standin_plugin_dir, standin_package, tmp_path,
+                        {"x": np.ones((1, 128), np.float32), "rhs": pack_int4(q), "scale": scale}, calls)
+    assert "N == K = 128" in result["errors"]["0"]
+
+
+# ----------------------------------------------------------------------------- MoE
+def ref_topk_softmax(gating, k, norm):
+    p = np.exp(gating - gating.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    idx = np.argsort(-p, axis=-1, kind="stable")[:, :k]
+    w = np.take_along_axis(p, idx, axis=-1)
+    if norm:
+        w = w / w.sum(axis=-1, keepdims=True)
+    return w, idx
+
+
+@pytest.mark.parametrize("norm", [True, False])
+def test_topk_softmax_matches_numpy(standin_plugin_dir, standin_package, tmp_path, norm):
+    rng = np.random.default_rng(8)
+    gating = rng.standard_normal((5, 8)).astype(np.float32)
+    gating[2, [1, 6]] = 3.0  # a tie: the lower expert first
+    arrays = {"g": gating, "w": np.zeros((5, 2), np.float32), "i": np.zeros((5, 2), np.int32),
+              "s": np.zeros((5, 2), np.int32)}
+    calls = [{"op": "topk_softmax_gcu", "args": [t("w"), t("i"), t("s"), t("g"), v(norm)],
+              "save": ["w_out", "i_out", "s_out"], "save_after": {"w": "w_after"}}]
+    result, out = run_ops(standin_plugin_dir, standin_package, tmp_path, arrays, calls)
+    assert result["errors"] == {}
+    ref_w, ref_i = ref_topk_softmax(gating.astype(np.float64), 2, norm)
+    close(out["w_out"], ref_w)
+    close(out["w_after"], ref_w)  # written into the given tensor, as the real op
+    np.testing.assert_array_equal(out["i_out"], ref_i)
+    assert list(out["i_out"][2]) == [1, 6]
+    np.testing.assert_array_equal(out["s_out"], np.arange(2)[None, :] * 5 + np.arange(5)[:, None])
+
+
+def ref_moe_align(topk_ids, num_experts, block):
+    """vLLM's moe_align_block_size in numpy: (sorted ids with sentinel N, expert of each block, total)."""
+    flat = topk_ids.reshape(-1)
+    sorted_ids, experts = [], []
+    for e in range(num_experts):
+        members = list(np.nonzero(flat == e)[0])
+        padded = -(-len(members) // block) * block
+        sorted_ids += members + [flat.size] * (padded - len(members))
+        experts += [e] * (padded // block)
+    return np.array(sorted_ids, np.int32), np.array(experts, np.int32), len(sorted_ids)
+
+
+def test_moe_align_block_size_matches_numpy(standin_plugin_dir, standin_package, tmp_path):
+    rng = np.random.default_rng(9)
+    tokens, k, experts, block = 6, 2, 4, 4
+    ids = np.stack([rng.choice(experts - 1, k, replace=False) for _ in range(tokens)]).astype(np.int32)  # expert 3 unused
+    cap = ids.size + experts * (block - 1)
+    arrays = {"ids": ids, "sorted": np.full(cap, -7, np.int32), "experts": np.zeros(cap // block, np.int32),
+              "n": np.zeros(1, np.int32), "small": np.zeros(2, np.int32)}
+    calls = [{"op": "moe_align_block_size_gcu", "args": [t("sorted"), t("experts"), t("n"), t("ids"), v(experts),
+                                                          v(block)], "save": ["s_out", "e_out", "n_out"]},
+             {"op": "moe_align_block_size_gcu", "args": [t("small"), t("experts"), t("n"), t("ids"), v(experts),
+                                                          v(block)]}]
+    result, out = run_ops(standin_plugin_dir, standin_package, tmp_path, arrays, calls)
+    ref_sorted, ref_experts, total = ref_moe_align(ids, experts, block)
+    assert int(out["n_out"][0]) == total
+    np.testing.assert_array_equal(out["s_out"][:total], ref_sorted)
+    assert np.all(out["s_out"][total:] == ids.size)  # the sentinel fills the rest of the buffer
+    np.testing.assert_array_equal(out["e_out"][:total // block], ref_experts)
+    assert np.all(out["e_out"][total // block:] == 0)  # untouched
+    assert "buffers too small" in result["errors"]["1"]
+
+
+def test_fused_moe_kernel_two_gemms_match_numpy(standin_plugin_dir, standin_package, tmp_path):
+    """FastDeploy's GCU MoE sequence: gate-up GEMM per (token, slot) into C [T, k, 2I], then the down
+    GEMM of the activated rows with topk=1 and the routing weight (and a bias), summed over k."""
+    rng = np.random.default_rng(10)
+    tokens, k, experts, hidden, inter, block = 5, 2, 4, 16, 8, 4
+    x = rng.standard_normal((tokens, hidden)).astype(np.float32)
+    w1 = rng.standard_normal((experts, 2 * inter, hidden)).astype(np.float32)
+    w2 = rng.standard_normal((experts, hidden, inter)).astype(np.float32)
+    b2 = rng.standard_normal((experts, hidden)).astype(np.float32)
+    weights, ids = ref_topk_softmax(rng.standard_normal((tokens, experts)), k, True)
+    ids = ids.astype(np.int32)
+    sorted_ids, blocks, total = ref_moe_align(ids, experts, block)
+    h = rng.standard_normal((tokens * k, inter)).astype(np.float32)  # stands for swiglu(C1), any values do
+    arrays = {"x": x, "w1": w1, "w2": w2, "b2": b2, "tw": weights.astype(np.float32), "ids": ids, "h": h,
+              "sorted": np.concatenate([sorted_ids, np.full(7, ids.size, np.int32)]),
+              "blocks": np.concatenate([blocks, np.zeros(2, np.int32)]), "n": np.array([total], np.int32),
+              "c1": np.full((tokens, k, 2 * inter), np.nan, np.float32), "c2": np.zeros((tokens, k, hidden), np.float32)}
+    routing = [t("tw"), t("ids"), t("sorted"), t("blocks"), t("n")]
+    calls = [{"op": "fused_moe_kernel_gcu", "args": [t("c1"), t("x"), t("w1"), None, *routing, v(False), v(k),
+                                                      v(block)], "save": ["c1_out"], "save_after": {"c1": "c1_after"}},
+             {"op": "fused_moe_kernel_gcu", "args": [t("c2"), t("h"), t("w2"), t("b2"), *routing, v(True), v(1),
+                                                      v(block)], "save": ["c2_out"]}]
+    result, out = run_ops(standin_plugin_dir, standin_package, tmp_path, arrays, calls)
+    assert result["errors"] == {}
+    ref1 = np.einsum("th,tjnh->tjn", x.astype(np.float64), w1[ids].astype(np.float64))
+    hh = h.reshape(tokens, k, inter).astype(np.float64)
+    ref2 = (np.einsum("tji,tjhi->tjh", hh, w2[ids].astype(np.float64)) + b2[ids]) * weights[..., None]
+    close(out["c1_out"], ref1)
+    close(out["c1_after"], ref1)  # C written in place: every (token, slot) row was reached
+    close(out["c2_out"], ref2)
+    close(out["c2_out"].sum(axis=1), ref2.sum(axis=1))
+
+
+def test_stand_in_package_wrappers_call_the_ops(standin_plugin_dir, standin_package, tmp_path):
+    """The stand-in paddle_custom_device.gcu.ops imports (registering the ops) and its wrappers run."""
+    code = (
+        "import numpy as np, paddle, os\n"
+        "import paddle_custom_device.gcu.ops as ops\n"
+        "x = paddle.to_tensor(np.ones((2, 8), 'float32')); w = paddle.to_tensor(np.full(8, 2.0, 'float32'))\n"
+        "y = ops.rms_norm(x, w, 1e-6); o, r = ops.fused_add_rms_norm(x, x, w, 1e-6)\n"
+        "kc = paddle.zeros([2, 4, 1, 8]); vc = paddle.zeros([2, 4, 1, 8])\n"
+        "ops.reshape_and_cache_flash(x.reshape([2, 1, 8]), x.reshape([2, 1, 8]), kc, vc,\n"
+        "                            paddle.to_tensor(np.array([0, 5], 'int32')))\n"
+        "print('RESULT', round(float(y.numpy().max()), 4), float(r.numpy().max()), float(kc.numpy()[1, 1].sum()),\n"
+        "      y.place)\n"
+        "os._exit(0)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT_S,
+                          env=child_env(standin_plugin_dir, standin_package, {"FLAGS_use_stride_kernel": "0"}))
+    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT")]
+    assert line, tail(proc.stderr)
+    assert line[0].split()[1:] == ["2.0", "2.0", "8.0", "Place(gcu:0)"]
