@@ -539,3 +539,35 @@ def test_stand_in_package_wrappers_call_the_ops(standin_plugin_dir, standin_pack
     line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT")]
     assert line, tail(proc.stderr)
     assert line[0].split()[1:] == ["2.0", "2.0", "8.0", "Place(gcu:0)"]
+
+
+def test_weight_quantize_rtn_feeds_linear_quant(standin_plugin_dir, standin_package, tmp_path):
+    """The stand-in wheel's weight_quantize_rtn gives the layout packed above, and linear_quant_gcu on
+    its output approximates x @ w within the bit width's accuracy."""
+    code = (
+        "import numpy as np, paddle, os, json\n"
+        "import paddle_custom_device.gcu.ops as ops\n"
+        "rng = np.random.default_rng(11); w = rng.standard_normal((192, 40)).astype('float32')\n"
+        "x = rng.standard_normal((3, 192)).astype('float32'); res = {}\n"
+        "for algo, g in (('weight_only_int8', -1), ('weight_only_int4', 64), ('weight_only_int4', -1)):\n"
+        "    q, s = ops.weight_quantize_rtn(paddle.to_tensor(w), algo, g)\n"
+        "    y = ops.linear_quant(paddle.to_tensor(x), q, s, None, g)\n"
+        "    res[f'{algo}{g}'] = [str(q.dtype), list(q.shape), list(s.shape), y.numpy().tolist(),\n"
+        "                         q.numpy().astype('int64').tolist()]\n"
+        "print('RESULT', json.dumps(res)); os._exit(0)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT_S,
+                          env=child_env(standin_plugin_dir, standin_package, {"FLAGS_use_stride_kernel": "0"}))
+    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT")]
+    assert line, tail(proc.stderr)
+    res = json.loads(line[0][len("RESULT "):])
+    rng = np.random.default_rng(11)
+    w = rng.standard_normal((192, 40)).astype(np.float32)
+    x = rng.standard_normal((3, 192)).astype(np.float32)
+    assert res["weight_only_int8-1"][:3] == ["paddle.int8", [40, 192], [40]]
+    assert res["weight_only_int4-1"][:3] == ["paddle.uint8", [40, 128], [40]]
+    assert res["weight_only_int464"][:3] == ["paddle.uint8", [40, 128], [3, 40]]
+    q4, _ = quantize(w, 4, 64)
+    np.testing.assert_array_equal(np.array(res["weight_only_int464"][4]), pack_int4(q4))
+    exact = x.astype(np.float64) @ w
+    for key, rel in (("weight_only_int8-1", 0.02), ("weight_only_int464", 0.2), ("weight_only_int4-1", 0.3)):
+        assert np.max(np.abs(np.array(res[key][3]) - exact)) < rel * np.max(np.abs(exact)), key

@@ -100,4 +100,53 @@ def fused_moe_kernel(C, A, B, topk_weights, topk_ids, sorted_token_ids, experts_
                                      int(block_size))
 
 
+def _round_half_away(a):
+    import numpy as np
+
+    return np.sign(a) * np.floor(np.abs(a) + 0.5)  # C's round(), which the real kernel uses
+
+
+def weight_quantize_rtn(x, algo: str, group_size: int):
+    """(qweight, scale) in the layout the real wheel's weight_quantize_rtn hands linear_quant_gcu.
+
+    x [K, N] float. Modelled on the gcu `weight_quantize` phi kernel plus rearrange_for_w4a16, computed
+    here in numpy (the stand-in registers no phi kernels: Paddle's CPU weight_quantize, which a gcu
+    tensor would fall back to, permutes int4 rows for CUTLASS and is not this layout):
+      "weight_only_int8" / "llm.int8": scale = max |x| / 127 per column (group_size -1) or per group of
+        group_size rows ([ceil(K/g), N]), fp32; qweight int8 [N, K] = round(x / scale) clipped to +-127.
+      "weight_only_int4": bound 7, scale in x's dtype; u = clip(round(x / scale), -7, 7) + 8, K padded
+        to a multiple of 128 (u = 0 there) and packed per 128-row chunk c: byte [n, 64c + i] =
+        u[128c + i, n] | u[128c + 64 + i, n] << 4; qweight uint8 [N, Kp/2].
+    Rounding is half away from zero (C round). Returns tensors on x's place."""
+    import numpy as np
+    import paddle
+
+    if group_size not in (-1, 64, 128):
+        raise ValueError(f"group_size must be -1, 64 or 128, got {group_size}")
+    if algo not in ("weight_only_int8", "weight_only_int4", "llm.int8"):
+        raise ValueError(f"algo must be weight_only_int8, weight_only_int4 or llm.int8, got {algo!r}")
+    bits = 4 if algo == "weight_only_int4" else 8
+    w = x.astype("float32").cpu().numpy().astype(np.float64)
+    k_dim, n_dim = w.shape
+    g = k_dim if group_size < 0 else group_size
+    groups = -(-k_dim // g)
+    bound = 7.0 if bits == 4 else 127.0
+    scale = np.stack([np.abs(w[i * g:(i + 1) * g]).max(axis=0) for i in range(groups)]).astype(np.float32) / bound
+    q = _round_half_away(w / np.repeat(scale.astype(np.float64), g, axis=0)[:k_dim])
+    q = np.clip(np.nan_to_num(q), -bound, bound)
+    if bits == 8:
+        qweight = np.ascontiguousarray(q.T).astype(np.int8)
+    else:
+        kp = -(-k_dim // 128) * 128
+        u = np.zeros((kp, n_dim), np.uint8)
+        u[:k_dim] = (q + 8).astype(np.uint8)
+        chunks = u.reshape(kp // 128, 2, 64, n_dim)
+        qweight = np.ascontiguousarray((chunks[:, 0] | (chunks[:, 1] << 4)).reshape(kp // 2, n_dim).T)
+    scale = scale[0] if group_size < 0 else scale
+    scale_t = paddle.to_tensor(scale, place=x.place)
+    if bits == 4:
+        scale_t = scale_t.astype(x.dtype)
+    return paddle.to_tensor(qweight, place=x.place), scale_t
+
+
 load_lib()
