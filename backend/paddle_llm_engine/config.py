@@ -255,9 +255,13 @@ class EngineConfig:
     kernels: "auto" (each optional fused kernel where the platform layer finds the place can run
         it), "composed" (plain Paddle ops only), or a ';'-separated list of kernels to require
         (e.g. "cpu_kernels;fused_rms_norm"; refused at start where the place cannot run one).
-    quantization: "" (weights in dtype) or "wint8": weight-only int8, per-output-channel symmetric
-        with fp32 scales, quantized at load (CPU: the C++ int8 GEMV; a device: the plug-in's
-        weight_only_linear, refused where it is not registered).
+    quantization: "" (weights in dtype), "wint8" or "wint4": weight-only int8 / int4, symmetric,
+        quantized at load, for every linear and the LM head (CPU: the C++ int8 / int4 GEMV, fp32
+        scales; a GCU: paddle-custom-gcu's linear_quant_gcu, refused where it is not registered or
+        fails its check).
+    quantization_group_size: input channels per scale: 0 (the default: 64 for wint4 as FastDeploy,
+        per output channel for wint8), -1 (one scale per output channel) or a positive multiple of
+        8 dividing every linear's input width (a GCU takes -1, 64, 128).
     tensor_parallel_size: N > 1 shards the model over N worker processes, one per device
         (device_id .. device_id + N - 1; on CPU the ids only label the ranks); the engine, scheduler
         and sampler stay in this process (paddle_llm_engine/tp). KV budgets are per rank.
@@ -282,6 +286,7 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"
     kernels: str = "auto"
     quantization: str = ""
+    quantization_group_size: int = 0
     tensor_parallel_size: int = 1
     max_waiting_requests: InitVar[int | None] = None
 
@@ -327,7 +332,7 @@ class EngineConfig:
             raise ValueError(f"max_request_seconds must be >= 0 (0 = no limit), got {self.max_request_seconds}")
         if self.num_kv_blocks < 0 or self.kv_cache_memory_bytes <= 0:
             raise ValueError("num_kv_blocks must be >= 0 and kv_cache_memory_bytes > 0")
-        check_settings(self.dtype, self.kv_cache_dtype, self.quantization)
+        check_settings(self.dtype, self.kv_cache_dtype, self.quantization, self.quantization_group_size)
         if not (0.0 <= self.kv_cache_memory_fraction <= 1.0):
             raise ValueError(f"kv_cache_memory_fraction must be 0 (off) or in (0, 1], "
                              f"got {self.kv_cache_memory_fraction}")

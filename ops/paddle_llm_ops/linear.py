@@ -8,7 +8,9 @@ kernel reads and returns a callable `lin(x [T, in]) -> [T, out]`:
   with transpose_y on the same tensor for large batches), one copy of the weight;
 - Int8Linear: weight-only int8 (per-output-channel symmetric, fp32 scales), the C++ CPU int8 GEMV
   (cpu_kernels.linear_int8), a quarter of the fp32 bytes read per step;
-- WeightOnlyInt8Linear: Paddle's weight_only_linear (the GCU plug-in's kernel where registered).
+- Int4Linear: weight-only int4 (symmetric, one fp32 scale per group of input channels or per output
+  channel), the C++ CPU int4 GEMV (cpu_kernels.linear_int4), an eighth of the fp32 bytes plus scales;
+- on a GCU, quantized linears are paddle_llm_ops.gcu.linear_quant.GcuQuantLinear (linear_quant_gcu).
 """
 
 from __future__ import annotations
@@ -82,21 +84,38 @@ class Int8Linear:
         return cpu_kernels.linear_int8(x, self.qweight, self.scale, self.bias, self.isa)
 
 
-class WeightOnlyInt8Linear:
-    """Weight-only int8 through paddle.nn.quant.weight_quantize / weight_only_linear (the kernels a
-    device plug-in registers; Paddle's CPU wheel has none). Not run here: no such place is
-    reachable."""
+def group_size_for(in_width: int, group_size: int) -> int:
+    """The group size a linear of input width in_width uses: in_width for -1 (one group per output
+    channel), else group_size. Raises ValueError naming the setting when group_size does not divide
+    in_width or, for groups, is not a multiple of 8 (the int4 GEMV reads 8 weights per scale)."""
+    if group_size == -1:
+        return in_width
+    if group_size <= 0 or group_size % 8 or in_width % group_size:
+        raise ValueError(f"quantization_group_size {group_size} does not fit a linear of input width {in_width} of "
+                         f"this model: use -1 (per output channel) or a multiple of 8 dividing every linear's input "
+                         f"width")
+    return group_size
 
-    kind = "weight_only_linear"
 
-    def __init__(self, w_in_out: np.ndarray, bias: np.ndarray | None, dtype: str):
-        from paddle.nn.quant import weight_quantize
+class Int4Linear:
+    """Weight-only int4 through cpu_kernels.linear_int4: q [out, ceil(in/2)] uint8 (two signed
+    nibbles per byte) and scale [out, in / G] fp32 with scale = max|W[group, o]| / 7 and
+    q = round(W / scale) in [-7, 7] (cpu_kernels.quantize_int4_numpy), so |W - q * scale| <= scale / 2
+    per weight. group_size: -1 (G = in: per output channel) or G dividing in (a multiple of 8);
+    ValueError naming quantization_group_size otherwise. Activations stay fp32."""
 
-        w = paddle.to_tensor(np.ascontiguousarray(w_in_out, dtype=np.float32)).astype(dtype)
-        self.qweight, self.scale = weight_quantize(w, algo="weight_only_int8")
-        self.bias = _bias(bias, dtype)
+    kind = "int4"
+
+    def __init__(self, w_in_out: np.ndarray, bias: np.ndarray | None, isa: str, group_size: int):
+        from paddle_llm_ops import cpu_kernels
+
+        w = np.asarray(w_in_out, np.float32).T
+        q, scale = cpu_kernels.quantize_int4_numpy(w, group_size_for(w.shape[1], group_size))
+        self.qweight, self.scale = _const(paddle.to_tensor(q)), _const(paddle.to_tensor(scale))
+        self.bias = _bias(bias, "float32")
+        self.isa = isa
 
     def __call__(self, x: paddle.Tensor) -> paddle.Tensor:
-        from paddle.nn.quant import weight_only_linear
+        from paddle_llm_ops import cpu_kernels
 
-        return weight_only_linear(x, self.qweight, bias=self.bias, weight_scale=self.scale, weight_dtype="int8")
+        return cpu_kernels.linear_int4(x, self.qweight, self.scale, self.bias, self.isa)

@@ -31,13 +31,15 @@ import paddle
 
 from paddle_llm_ops.gcu import custom_ops as gcu_ops
 from paddle_llm_ops.kv_cache import write_kv
-from paddle_llm_ops.linear import ComposedLinear, GemvLinear, Int8Linear, WeightOnlyInt8Linear
+from paddle_llm_ops.linear import ComposedLinear, GemvLinear, Int4Linear, Int8Linear
 from paddle_llm_ops.moe import COMPOSED_MOE, FUSED_GCU_MOE, MoEKernel
 from paddle_llm_ops.norm import rms_norm_composed, rms_norm_fused
 from paddle_llm_ops.paged_attention import decode_attention, prefill_attention
 from paddle_llm_ops.rotary import apply_rotary
 
-QUANTIZATIONS = ("", "wint8")
+QUANTIZATIONS = ("", "wint8", "wint4")
+_BITS = {"wint8": 8, "wint4": 4}
+_LINEAR_KIND = {"": "gemv", "wint8": "int8", "wint4": "int4"}
 
 
 KV_LAYOUTS = ("heads_slots", "blocks")
@@ -145,15 +147,21 @@ def _split_attention(decode, prefill, q, k_cache, v_cache, meta, scale):
     return parts[0] if len(parts) == 1 else paddle.concat(parts, axis=0)
 
 
-def _composed_lm_head(weight):
+def _composed_lm_head(quantization, group_size, weight):
+    if quantization:  # a quantized copy of the [V, H] head (as on the CPU): the embedding keeps its rows
+        dtype = str(weight.dtype).replace("paddle.", "")
+        return _composed_linear(quantization, group_size, weight.astype("float32").numpy().T, None, dtype)
+
     def head(hidden):
         return paddle.matmul(hidden, weight, transpose_y=True)
     return head
 
 
-def _composed_linear(quantization, w_in_out, bias, dtype):
-    if quantization == "wint8":
-        return WeightOnlyInt8Linear(w_in_out, bias, dtype)
+def _composed_linear(quantization, group_size, w_in_out, bias, dtype):
+    if quantization:  # on a device: paddle-custom-gcu's linear_quant_gcu (the plan checked it)
+        from paddle_llm_ops.gcu.linear_quant import GcuQuantLinear
+
+        return GcuQuantLinear(w_in_out, bias, dtype, _BITS[quantization], group_size)
     return ComposedLinear(w_in_out, bias, dtype)
 
 
@@ -170,16 +178,17 @@ def _cpu_add_rms_norm(isa, delta, residual, weight, eps):
     return cpu_kernels.add_rms_norm(delta, residual, weight, eps, isa)
 
 
-def _cpu_linear(isa, quantization, w_in_out, bias, dtype):
+def _cpu_linear(isa, quantization, group_size, w_in_out, bias, dtype):
+    if quantization == "wint4":
+        return Int4Linear(w_in_out, bias, isa, group_size)
     return Int8Linear(w_in_out, bias, isa) if quantization == "wint8" else GemvLinear(w_in_out, bias, isa)
 
 
-def _cpu_lm_head(isa, quantization, weight):
+def _cpu_lm_head(isa, quantization, group_size, weight):
     from paddle_llm_ops import cpu_kernels
 
-    if quantization == "wint8":  # an int8 copy of the [V, H] head: the embedding lookup keeps fp32 rows
-        lin = Int8Linear(weight.numpy().T, None, isa)
-        return lin
+    if quantization:  # a quantized copy of the [V, H] head: the embedding lookup keeps fp32 rows
+        return _cpu_linear(isa, quantization, group_size, weight.numpy().T, None, "float32")
     return functools.partial(cpu_kernels.linear, w=weight, bias=None, isa=isa)
 
 
@@ -251,16 +260,18 @@ def _with_gcu_kernels(base: OpSet, gcu_attention: bool, gcu_rotary: bool, gcu_rm
 
 def build_opset(fused_rms_norm: bool = False, kv_gather_dtype: str | None = None, fused_moe: bool = False,
                 cpu_isa: str | None = None, quantization: str = "", block_size: int = 0,
-                gcu_attention: bool = False, gcu_rotary: bool = False, gcu_rms_norm: bool = False) -> OpSet:
+                gcu_attention: bool = False, gcu_rotary: bool = False, gcu_rms_norm: bool = False,
+                quantization_group_size: int = -1) -> OpSet:
     """The OpSet for a platform plan's choices.
 
     fused_rms_norm: Paddle's fused kernel (only where the platform layer verified it can run);
     kv_gather_dtype: see kv_cache.gather_kv (None: the cache's own dtype); fused_moe: the GCU
     plug-in's fused MoE operators (and its topk_softmax_gcu routing where a family routes by plain
     softmax top-k); cpu_isa: None (composed kernels) or the dispatch path of the C++ CPU kernels
-    ("avx2_fma" | "generic": fp32 compute and an fp32 KV cache only); quantization: "" or "wint8"
-    (weight-only int8 linears: the int8 GEMV with cpu kernels, Paddle's weight_only_linear
-    otherwise); block_size: tokens per KV block (the paged decode kernel); gcu_attention /
+    ("avx2_fma" | "generic": fp32 compute and an fp32 KV cache only); quantization: "", "wint8" or
+    "wint4" (weight-only linears and LM head: the C++ int8 / int4 GEMV with cpu kernels,
+    paddle-custom-gcu's linear_quant_gcu otherwise), quantization_group_size: -1 (per output
+    channel) or the group size (resolved by the platform plan); block_size: tokens per KV block (the paged decode kernel); gcu_attention /
     gcu_rotary / gcu_rms_norm: paddle-custom-gcu's ops (see the module doc; never with cpu_isa).
     Raises ValueError for an unknown quantization, or cpu kernels mixed with gcu ones."""
     if quantization not in QUANTIZATIONS:
@@ -275,20 +286,21 @@ def build_opset(fused_rms_norm: bool = False, kv_gather_dtype: str | None = None
     if cpu_isa is not None:
         if gcu:
             raise ValueError("build_opset: the C++ CPU kernels and the gcu kernels serve different places")
-        return _cpu_opset(cpu_isa, quantization, block_size, prefill, kv_gather_dtype, moe, moe_name)
+        return _cpu_opset(cpu_isa, (quantization, quantization_group_size), block_size, prefill, kv_gather_dtype,
+                          moe, moe_name)
     rms = rms_norm_fused if fused_rms_norm else rms_norm_composed
     base = OpSet(
         rms_norm=rms,
         add_rms_norm=functools.partial(_composed_add_rms_norm, rms),
-        make_linear=functools.partial(_composed_linear, quantization),
-        make_lm_head=_composed_lm_head,
+        make_linear=functools.partial(_composed_linear, quantization, quantization_group_size),
+        make_lm_head=functools.partial(_composed_lm_head, quantization, quantization_group_size),
         rotary_inputs=_composed_rotary_inputs,
         qkv_rotary_write=functools.partial(_composed_qkv_rotary_write, rms, write_kv),
         write_kv=write_kv,
         attention=functools.partial(_split_attention, functools.partial(_composed_decode, decode), prefill),
         attention_metadata="slots",
         names=(("rms_norm", "fused" if fused_rms_norm else "composed"),
-               ("linear", "weight_only_linear" if quantization else "composed"),
+               ("linear", f"linear_quant_gcu_{quantization}" if quantization else "composed"),
                ("rotary_kv_write", "composed"), ("attention", "composed"),
                ("kv_gather", kv_gather_dtype or "cache dtype"), moe_name),
         moe_experts=moe,
@@ -296,21 +308,23 @@ def build_opset(fused_rms_norm: bool = False, kv_gather_dtype: str | None = None
     return _with_gcu_kernels(base, gcu_attention, gcu_rotary, gcu_rms_norm, fused_moe) if gcu or fused_moe else base
 
 
-def _cpu_opset(cpu_isa: str, quantization: str, block_size: int, prefill, kv_gather_dtype, moe, moe_name) -> OpSet:
+def _cpu_opset(cpu_isa: str, quant: tuple[str, int], block_size: int, prefill, kv_gather_dtype, moe,
+               moe_name) -> OpSet:
+    """quant: (quantization, group size) of the linears."""
     if block_size <= 0:
         raise ValueError("build_opset: the cpu kernels need the KV block_size")
     decode = functools.partial(_cpu_decode, cpu_isa, block_size)
     return OpSet(
         rms_norm=functools.partial(_cpu_rms_norm, cpu_isa),
         add_rms_norm=functools.partial(_cpu_add_rms_norm, cpu_isa),
-        make_linear=functools.partial(_cpu_linear, cpu_isa, quantization),
-        make_lm_head=functools.partial(_cpu_lm_head, cpu_isa, quantization),
+        make_linear=functools.partial(_cpu_linear, cpu_isa, *quant),
+        make_lm_head=functools.partial(_cpu_lm_head, cpu_isa, *quant),
         rotary_inputs=_cpu_rotary_inputs,
         qkv_rotary_write=functools.partial(_cpu_qkv_rotary_write, cpu_isa),
         write_kv=write_kv,
         attention=functools.partial(_split_attention, decode, prefill),
         attention_metadata="block_tables",
-        names=(("rms_norm", f"cpu_{cpu_isa}"), ("linear", f"cpu_{'int8' if quantization else 'gemv'}_{cpu_isa}"),
+        names=(("rms_norm", f"cpu_{cpu_isa}"), ("linear", f"cpu_{_LINEAR_KIND[quant[0]]}_{cpu_isa}"),
                ("rotary_kv_write", f"cpu_{cpu_isa}"), ("attention", f"cpu_paged_decode_{cpu_isa} + composed prefill"),
                ("kv_gather", kv_gather_dtype or "cache dtype"), moe_name),
         moe_experts=moe,

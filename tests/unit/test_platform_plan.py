@@ -282,24 +282,6 @@ def test_cpu_kernels_off_where_they_cannot_serve():
         decide(facts(EPYC_AVX2), kernels="cpu_kernels", verify=Verifier())
 
 
-def test_wint8_decisions():
-    on = decide(facts(EPYC_AVX2, cpu_kernels_built=True), quantization="wint8", verify=Verifier())
-    assert on.quantization == "wint8" and on.cpu_isa == "avx2_fma"
-    assert on.decisions[-1] == ("quantization wint8: per-output-channel symmetric int8 weights with fp32 scales, "
-                                "C++ int8 GEMV (avx2_fma)")
-    with pytest.raises(PlatformError, match=r"quantization wint8 on the CPU runs on the C\+\+ int8 GEMV, but the C\+\+ "
-                                            r"CPU kernels are off \(set to composed by the operator\)"):
-        decide(facts(EPYC_AVX2, cpu_kernels_built=True), kernels="composed", quantization="wint8", verify=Verifier())
-    with pytest.raises(PlatformError, match="quantization wint8 is not supported on gcu:0: the gcu plug-in registers "
-                                            "no weight_only_linear kernel for float32"):
-        decide(facts(XEON_AVX512, "gcu:0", _gcu_registry(False, False, False)), quantization="wint8", verify=Verifier())
-    reg = _gcu_registry(True, True, True)
-    reg["weight_only_linear"] = [("gcu", "bfloat16")]
-    assert decide(facts(EPYC_AVX2, "gcu:0", reg), quantization="wint8", verify=Verifier()).quantization == "wint8"
-    with pytest.raises(ValueError, match="quantization must be empty or wint8"):
-        decide(facts(EPYC_AVX2), quantization="int4", verify=Verifier())
-
-
 def test_this_host_plan_follows_its_cpu_flags(caplog):
     from paddle_llm_ops import cpu_kernels
 

@@ -46,7 +46,12 @@ COMPUTE_OPS = ("matmul", "softmax", "swiglu", "index_select", "add", "multiply",
 KV_WRITE_OPS = ("cast", "index_put")
 _SAME_WIDTH = {"float16": ("bfloat16",), "bfloat16": ("float16",), "float32": ()}
 OPTIONAL_KERNELS = ("cpu_kernels", "fused_rms_norm", "fused_moe", "gcu_attention", "gcu_rotary", "gcu_rms_norm")
-QUANTIZATIONS = ("", "wint8")
+QUANTIZATIONS = ("", "wint8", "wint4")
+# quantization_group_size 0 (the default) means: wint4 in groups of 64 input channels (FastDeploy's
+# wint4 group size), wint8 per output channel.
+DEFAULT_GROUP_SIZES = {"wint8": -1, "wint4": 64}
+# What paddle-custom-gcu's weight_quantize_rtn / linear_quant_gcu accept (gcu/linear_quant.py).
+GCU_GROUP_SIZES = (-1, 64, 128)
 # The fused mixture-of-experts kernel: paddle-custom-gcu's custom operators, as FastDeploy's GCU MoE
 # uses them (paddle_llm_ops.moe). Paddle itself registers none for the CPU (its fused_moe is CUDA-only).
 FUSED_MOE_OPS = gcu_kernels.FUSED_MOE_OPS
@@ -86,8 +91,9 @@ class PlatformPlan:
     the dtype the cache is viewed as for gathers (same width as kv_cache_dtype; differs when the
     place has no gather kernel for the cache's own dtype); kernels: optional kernel name -> on;
     flags: Paddle flags to set before the model is built; cpu_isa: the dispatch path of the C++ CPU
-    kernels ("avx2_fma" | "generic") when kernels["cpu_kernels"] is on, else None; quantization: ""
-    or "wint8"; decisions: one log line per decision, each with its reason."""
+    kernels ("avx2_fma" | "generic") when kernels["cpu_kernels"] is on, else None; quantization: "",
+    "wint8" or "wint4"; quantization_group_size: -1 (per output channel) or the input channels per
+    scale (resolved, never 0); decisions: one log line per decision, each with its reason."""
 
     device: str
     dtype: str
@@ -96,6 +102,7 @@ class PlatformPlan:
     kernels: dict[str, bool] = field(default_factory=dict)
     cpu_isa: str | None = None
     quantization: str = ""
+    quantization_group_size: int = -1
     flags: dict[str, object] = field(default_factory=dict)
     decisions: list[str] = field(default_factory=list)
 
@@ -104,14 +111,26 @@ class PlatformPlan:
             logger.info("platform %s: %s", self.device, line)
 
 
-def check_settings(dtype: str, kv_cache_dtype: str, quantization: str) -> None:
-    """The operator's dtype, kv_cache_dtype and quantization values (the only place they are
-    checked: EngineConfig.validate and decide() call this). Raises ValueError naming the setting."""
+def check_settings(dtype: str, kv_cache_dtype: str, quantization: str, quantization_group_size: int = 0) -> int:
+    """The operator's dtype, kv_cache_dtype, quantization and quantization_group_size values (the
+    only place they are checked: EngineConfig.validate and decide() call this). Returns the group
+    size to use: -1 (one scale per output channel) or a positive multiple of 8; 0 (the default)
+    resolves to DEFAULT_GROUP_SIZES[quantization] (-1 without quantization). Whether the group size
+    divides each linear's input width is checked when the model's weights are quantized.
+    Raises ValueError naming the setting."""
     for name, value in (("dtype", dtype), ("kv_cache_dtype", kv_cache_dtype)):
         if value not in DTYPE_CHOICES:
             raise ValueError(f"{name} must be one of {', '.join(DTYPE_CHOICES)}; got {value!r}")
     if quantization not in QUANTIZATIONS:
-        raise ValueError(f"quantization must be empty or wint8; got {quantization!r}")
+        raise ValueError(f"quantization must be empty, wint8 or wint4; got {quantization!r}")
+    g = quantization_group_size
+    if isinstance(g, bool) or not isinstance(g, int) or not (g in (0, -1) or (g > 0 and g % 8 == 0)):
+        raise ValueError(f"quantization_group_size must be 0 (the default: 64 for wint4, per output channel for "
+                         f"wint8), -1 (one scale per output channel) or a positive multiple of 8 input channels "
+                         f"per scale; got {g!r}")
+    if not quantization:
+        return -1
+    return DEFAULT_GROUP_SIZES[quantization] if g == 0 else g
 
 
 def parse_kernels_setting(value: str) -> tuple[str, tuple[str, ...]]:
@@ -228,21 +247,36 @@ def _cpu_kernels(facts: PlaceFacts, dtype: str, kv: str) -> tuple[bool, str, str
     return True, f"portable path, the CPU lacks {', '.join(facts.cpu.missing('avx2', 'fma'))}", "generic"
 
 
-def _decide_quantization(facts: PlaceFacts, quantization: str, dtype: str, cpu_isa: str | None,
-                         cpu_reason: str, out: list[str]) -> None:
+def _decide_quantization(facts: PlaceFacts, quant: tuple[str, int], dtype: str, cpu_isa: str | None,
+                         cpu_reason: str, verify: Verify, out: list[str]) -> None:
+    """quant: (quantization, resolved group size). On the CPU the C++ int8 / int4 GEMV (needs the C++
+    CPU kernels); on a GCU paddle-custom-gcu's linear_quant_gcu, when the plug-in registers it with
+    the expected signature and its check passes. Raises PlatformError otherwise (no fallback: the
+    operator asked for the memory saving)."""
+    quantization, group_size = quant
     if not quantization:
         return
+    bits = 8 if quantization == "wint8" else 4
+    what = (f"weight-only symmetric int{bits}, one scale per "
+            f"{'output channel' if group_size == -1 else f'group of {group_size} input channels'}")
     if facts.device.kind == "cpu":
         if cpu_isa is None:
-            raise PlatformError(f"quantization wint8 on the CPU runs on the C++ int8 GEMV, but the C++ CPU kernels "
-                                f"are off ({cpu_reason}); use kernels auto or leave quantization empty")
-        out.append(f"quantization wint8: per-output-channel symmetric int8 weights with fp32 scales, "
-                   f"C++ int8 GEMV ({cpu_isa})")
+            raise PlatformError(f"quantization {quantization} on the CPU runs on the C++ int{bits} GEMV, but the C++ "
+                                f"CPU kernels are off ({cpu_reason}); use kernels auto or leave quantization empty")
+        out.append(f"quantization {quantization}: {what} (fp32 scales), C++ int{bits} GEMV ({cpu_isa}) for every "
+                   f"linear and the LM head")
         return
-    if not facts.registry.has("weight_only_linear", facts.device, dtype):
-        raise PlatformError(f"quantization wint8 is not supported on {facts.device}: the "
-                            f"{facts.device.kind} plug-in registers no weight_only_linear kernel for {dtype}")
-    out.append(f"quantization wint8: the plug-in's weight_only_linear ({dtype} activations)")
+    if group_size not in GCU_GROUP_SIZES:
+        raise PlatformError(f"quantization_group_size {group_size} is not supported on {facts.device}: "
+                            f"paddle-custom-gcu's linear_quant_gcu takes -1, 64 or 128")
+    ok, reason = gcu_kernels.plugin_ops(facts, ("linear_quant_gcu",))
+    if ok:
+        ok, reason = _verified("gcu_linear_quant", reason, verify, dtype, {"bits": bits, "group_size": group_size})
+    if not ok:
+        raise PlatformError(f"quantization {quantization} is not supported on {facts.device}: it runs through "
+                            f"paddle-custom-gcu's linear_quant_gcu, and {reason}; leave quantization empty")
+    out.append(f"quantization {quantization}: {what} (scales in {dtype}), linear_quant_gcu for every linear and "
+               f"the LM head; {reason}")
 
 
 def _verified(name: str, reason: str, verify: Verify, dtype: str, params: dict) -> tuple[bool, str]:
@@ -300,16 +334,17 @@ def _decide_kernels(facts: PlaceFacts, kernels: str, dt: str, kv: str, verify: V
 
 
 def decide(facts: PlaceFacts, dtype: str = "auto", kv_cache_dtype: str = "auto", kernels: str = "auto",
-           verify: Verify | None = None, quantization: str = "") -> PlatformPlan:
+           verify: Verify | None = None, quantization: str = "", quantization_group_size: int = 0) -> PlatformPlan:
     """The PlatformPlan for a place. verify(kernel name, dtype, **params) -> ChildVerdict checks an
     optional kernel against the composed ops before it is turned on (kernel_checks.PlaceVerifier;
     the C++ CPU kernels get params isa=<their dispatch path>); tests pass their own; without one,
-    every optional kernel stays off. quantization: "" or "wint8".
+    every optional kernel stays off. quantization: "", "wint8" or "wint4", quantization_group_size as
+    check_settings takes it (the plan holds the resolved value).
     With the C++ CPU kernels on, Paddle's fused RMSNorm is not used (they bring their own).
 
     Raises PlatformError for a dtype, kv_cache_dtype or forced kernel the place cannot run, and
     ValueError for a malformed setting (naming it)."""
-    check_settings(dtype, kv_cache_dtype, quantization)
+    group_size = check_settings(dtype, kv_cache_dtype, quantization, quantization_group_size)
     parse_kernels_setting(kernels)  # a malformed list is refused before anything is decided
     if verify is None:
         def verify(name):
@@ -329,10 +364,10 @@ def decide(facts: PlaceFacts, dtype: str = "auto", kv_cache_dtype: str = "auto",
     dt = _decide_dtype(facts, dtype, decisions)
     kv, gather = _decide_kv(facts, kv_cache_dtype, dt, decisions)
     chosen, cpu_isa, cpu_reason = _decide_kernels(facts, kernels, dt, kv, verify, decisions)
-    _decide_quantization(facts, quantization, dt, cpu_isa, cpu_reason, decisions)
+    _decide_quantization(facts, (quantization, group_size), dt, cpu_isa, cpu_reason, verify, decisions)
     return PlatformPlan(device=facts.device, dtype=dt, kv_cache_dtype=kv, kv_gather_dtype=gather,
                         kernels=chosen, flags=flags, cpu_isa=cpu_isa, quantization=quantization,
-                        decisions=decisions)
+                        quantization_group_size=group_size, decisions=decisions)
 
 
 def _load_cpu_kernels(device: Device, kernels: str) -> tuple[bool, str]:
@@ -373,7 +408,7 @@ def gather_facts(device: Device | str, cpu_kernels: tuple[bool, str] = (False, "
 
 
 def plan_for_device(device: Device | str, dtype: str = "auto", kv_cache_dtype: str = "auto",
-                    kernels: str = "auto", quantization: str = "") -> PlatformPlan:
+                    kernels: str = "auto", quantization: str = "", quantization_group_size: int = 0) -> PlatformPlan:
     """Decide for `device` in this process, log every decision, apply the plan's Paddle flags.
     Raises as decide()."""
     import paddle
@@ -384,7 +419,7 @@ def plan_for_device(device: Device | str, dtype: str = "auto", kv_cache_dtype: s
     facts = gather_facts(device, _load_cpu_kernels(device, kernels))
 
     verify = PlaceVerifier(device.kind == "cpu", facts.paddle_version, facts.cpu.model, facts.cpu.flags)
-    plan = decide(facts, dtype, kv_cache_dtype, kernels, verify, quantization)
+    plan = decide(facts, dtype, kv_cache_dtype, kernels, verify, quantization, quantization_group_size)
     if verify.timings:
         plan.decisions.append("kernel checks: " + ", ".join(
             f"{name} {'cached' if cached else f'{secs:.2f} s'}" for name, secs, cached in verify.timings))

@@ -81,6 +81,7 @@ EXPECTED: dict[str, OpSignature] = {
     "fused_moe_kernel_gcu": OpSignature(
         ("C", "A", "B", _opt("bias"), "topk_weights", "topk_ids", "sorted_token_ids", "experts_ids",
          "num_tokens_post_pad"), ("C_out",), ("mul_routed_weight: bool", "topk: int64_t", "block_size: int64_t")),
+    "linear_quant_gcu": OpSignature(("lhs", "rhs", "scale", _opt("bias")), ("linear_out",), ("group_size: int",)),
 }
 
 # Newer wheels' fused_rotary_embedding_gcu takes the head size as an attribute (FastDeploy passes it).
