@@ -213,7 +213,9 @@ def _cpu_decode(isa, block_size, q, k_cache, v_cache, meta, scale):
 
 # ---------------------------------------------------------------------------------- gcu kernels
 def _gcu_rotary_inputs(table, positions, dtype):
-    return RotaryInputs(positions.astype("int32"), table.cos, table.sin, None, None, table.cos_sin_table(dtype))
+    # positions [1, T] int32: the kernel's [batch, seq], made once per step
+    return RotaryInputs(positions.astype("int32").reshape([1, -1]), table.cos, table.sin, None, None,
+                        table.cos_sin_table(dtype))
 
 
 def _gcu_rotary(q, k, rot):

@@ -89,14 +89,32 @@ def fused_rms_norm_on_plugin(facts) -> tuple[bool, str]:
                    f"that computes nothing (llama_stub_kernels.cc); gcu_rms_norm is its RMSNorm")
 
 
+def load_plugin_ops() -> str:
+    """Register the plug-in's custom ops with Paddle by importing `paddle_custom_device.gcu.ops`, as
+    the wheel's users do (Paddle's CustomDevice loading runs only the plug-in's InitPlugin; the ops
+    module calls load_op_meta_info_and_register_op on its libraries). Returns "" or why not; never raises."""
+    import importlib
+
+    try:
+        importlib.import_module("paddle_custom_device.gcu.ops")
+        return ""
+    except Exception as e:  # no ops module in this wheel, or it failed: its ops count as not registered
+        return f"paddle_custom_device.gcu.ops not loaded ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
+
+
 def gather_signatures(device_kind: str) -> dict[str, tuple[bool, str]]:
-    """{op: (signature ok, detail)} of SIGNATURE_OPS on this process's plug-in (empty on the CPU).
-    Never raises: an op that cannot be read is (False, why)."""
+    """{op: (signature ok, detail)} of SIGNATURE_OPS on this process's plug-in (empty on the CPU),
+    after registering the plug-in's ops (load_plugin_ops). Never raises: an op that cannot be read
+    is (False, why)."""
     if device_kind == "cpu":
         return {}
+    note = load_plugin_ops()
     try:
         from paddle_llm_ops.gcu.signatures import compare_all
 
-        return compare_all(SIGNATURE_OPS)
+        found = compare_all(SIGNATURE_OPS)
     except Exception as e:  # unreadable registry: every op counts as mismatched, with the reason
         return {op: (False, f"{op}: signature not readable ({type(e).__name__}: {e})") for op in SIGNATURE_OPS}
+    if note:
+        found = {op: (ok, detail if ok else f"{detail} ({note})") for op, (ok, detail) in found.items()}
+    return found

@@ -61,16 +61,19 @@ def _rotary_head_size_attr() -> bool:
 
 def fused_rotary_embedding(q: paddle.Tensor, k: paddle.Tensor, cos_sin_table: paddle.Tensor,
                            positions: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
-    """Rotate-half (NeoX) rotary of q [T, H, D] and k [T, KVH, D] at positions int32 [T] through
+    """Rotate-half (NeoX) rotary of q [T, H, D] and k [T, KVH, D] at positions int32 [1, T] through
     `fused_rotary_embedding_gcu`, is_neox=True (interleaved models are permuted to rotate-half at
     load). cos_sin_table: [max_positions, D] = cos of the D/2 frequencies ‖ their sin, in q's dtype.
-    Returns (q, k) rotated, same shapes (the op's outputs; newer wheels may also write in place).
-    The newer wheels' `head_size` attribute is passed where the registered op has it."""
-    args = [q, k, cos_sin_table, positions, True]
+    The op takes rank-4 query / key [batch, seq, heads, D] (one batch row of T tokens here) and rank-2
+    positions [batch, seq], rotates them in place and returns them. Returns (q, k) rotated, shapes
+    as given. The newer wheels' `head_size` attribute is passed where the registered op has it."""
+    t, h, d = q.shape
+    kvh = k.shape[1]
+    args = [q.reshape([1, t, h, d]), k.reshape([1, t, kvh, d]), cos_sin_table, positions, True]
     if _rotary_head_size_attr():
-        args.append(int(q.shape[-1]))
+        args.append(int(d))
     out = _run("fused_rotary_embedding_gcu", *args)
-    return out[0], out[1]
+    return out[0].reshape([t, h, d]), out[1].reshape([t, kvh, d])
 
 
 def rms_norm(x: paddle.Tensor, weight: paddle.Tensor, eps: float) -> paddle.Tensor:
