@@ -1,24 +1,61 @@
 """Build the stand-in `gcu` CustomDevice plug-in and the stand-in `paddle-custom-gcu` package (tests only).
 
-Nothing here is an Enflame GCU: the plug-in (standin_gcu.cc) registers Paddle custom device type
-"gcu" backed by host memory, so that the engine's GCU code path runs on any machine. Used by the
-session fixtures of tests/gcu/conftest.py; never by `make serve` or scripts/setup.sh.
+Nothing here is an Enflame GCU: the plug-in registers Paddle custom device type "gcu" backed by host
+memory (standin_gcu.cc) and, in the same .so, reference implementations of paddle-custom-gcu's LLM
+custom ops under their real names and signatures (standin_ops_*.cc), so that the engine's GCU code
+path runs on any machine. Used by the session fixtures of tests/gcu/conftest.py; never by
+`make serve` or scripts/setup.sh.
 
-- build_plugin() compiles standin_gcu.cc with the machine's g++ against the headers of the installed
-  paddle wheel into build/gcu_standin/<hash>/ (hash of the source, the compiler, the flags and the
-  headers' location), and returns that folder: point env CUSTOM_DEVICE_ROOT at it. A second call
-  with nothing changed returns at once. A compile failure raises PluginBuildError carrying the
-  compiler's output.
+- build_plugin(variant="good" | "broken") compiles the sources with the machine's g++ against the
+  headers of the installed paddle wheel into build/gcu_standin/<variant>-<hash>/ (hash of the
+  sources and headers, the compiler, the flags (the variant's included), the headers' location and
+  the paddle version), and returns that folder: point env CUSTOM_DEVICE_ROOT at it. A second call
+  with nothing changed returns at once (hashing only). A compile or link failure raises
+  PluginBuildError carrying the compiler's output. "broken": rms_norm_gcu is a stub returning
+  garbage and flash_attn_var_len_gcu is registered without `softcap` and with an extra
+  `head_size: int` (for the tests of the platform plan's signature and numerical checks).
 - write_standin_package(folder, version) writes an importable stand-in of the plug-in's Python side:
   `paddle_custom_gcu-<version>.dist-info/METADATA` (so importlib.metadata.version("paddle-custom-gcu")
-  answers `version`) and module `paddle_custom_device.gcu` (full_version, tops_version "standin",
-  git_commit_id, STANDIN = True). Put the folder on sys.path (PYTHONPATH for plain python children).
+  answers `version`), module `paddle_custom_device.gcu` (full_version, tops_version "standin",
+  git_commit_id, STANDIN = True) and `paddle_custom_device.gcu.ops` (standin_ops_module.py: registers
+  the ops on import and wraps them under the real wheel's names). Put the folder on sys.path
+  (PYTHONPATH for plain python children).
 - make_stub_venv(folder, site_dirs) makes a throw-away venv (no pip) whose site-packages holds a
   .pth that adds `site_dirs` (each processed as a site dir, so their own .pth files work): for
   Triton's Python-backend stub, which ignores PYTHONPATH and finds packages through the venv first
   on PATH.
 
-Also runnable: `python tests/gcu_standin/build.py` prints the plug-in folder.
+How Paddle finds custom ops that live in a CustomDevice plug-in (paddle 3.3.1, measured here; Paddle's
+paddle/fluid/platform/init.cc LoadCustomDevice and custom_device_load.cc LoadCustomLib):
+- At `import paddle`, Paddle dlopen()s every *.so in CUSTOM_DEVICE_ROOT and calls its InitPlugin
+  (and InitPluginCustomEngine if present), then registers the phi kernels the .so declared with
+  PD_REGISTER_PLUGIN_KERNEL. It does NOT register PD_BUILD_OP custom ops: dlopen runs their static
+  initialisers (they land in Paddle's OpMetaInfoMap), but `core.eager._run_custom_op(name, ...)`
+  answers "Can't find <name> in Eager OpMetaInfoMap ... LoadOpMetaInfoAndRegisterOp" until someone
+  calls `paddle.utils.cpp_extension.extension_utils.load_op_meta_info_and_register_op(<path of the
+  .so>)`. The real wheel does that when `paddle_custom_device.gcu.ops` is imported (its generated
+  ops/__init__.py runs load_lib() over CUSTOM_DEVICE_ROOT); the stand-in's ops module does the same.
+  One .so holds both the runtime and the ops, as the real libpaddle-custom-gcu.so; no second .so.
+- Signatures as registered: `paddle.base.framework.OpProtoHolder.instance().get_op_proto(name)`
+  (.inputs[i].name, with "@OPTIONAL" appended and .dispensable True for paddle::Optional inputs;
+  .outputs[i].name; .attrs[i].name / .type, a paddle.base.proto.framework_pb2.AttrType value: INT,
+  FLOAT, BOOLEAN, LONG (int64_t), ..., after dropping Paddle's default attrs op_role, op_role_var,
+  op_namescope, op_callstack, op_device, with_quant_attr), and
+  `paddle.base.core.eager._get_custom_operator_inplace_map(name)` -> {output index: input index}
+  (reshape_and_cache_flash_gcu: {0: 2, 1: 3}). Both work only after the registration call above.
+
+Linking: the ops use Paddle's C++ API (paddle::Tensor, device contexts, the op-meta registry). The
+headers come from paddle/include (`paddle/phi/api/all.h`, not `paddle/extension.h`, which pulls in
+pybind11 / Python.h and the PIR headers and compiles several times slower); the symbols from the
+wheel's paddle/base/libpaddle.so, linked as paddle.utils.cpp_extension links (`-l:libpaddle.so`
+under --no-as-needed) with an rpath to paddle/base (libpaddle.so finds libphi / libcommon through
+its own rpath). When Paddle dlopen()s the plug-in, that DT_NEEDED entry resolves to the libpaddle.so
+already loaded. Compile time (measured 2026-12-02 with g++ -O2 on this 2-core machine): about 10 s of
+CPU for the four translation units (runtime 1.1 s, each op file ~3 s), 25-50 s wall while other jobs
+load the machine; the link takes under a second. CI builds each variant once per clean machine; the
+.so is ~280 KB.
+
+Also runnable: `python tests/gcu_standin/build.py [good|broken]` prints the plug-in folder.
 """
 
 from __future__ import annotations
@@ -248,4 +285,4 @@ def venv_site_packages() -> Path:
 
 
 if __name__ == "__main__":
-    print(build_plugin())
+    print(build_plugin(variant=sys.argv[1] if len(sys.argv) > 1 else "good"))
