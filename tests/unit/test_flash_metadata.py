@@ -46,3 +46,25 @@ def test_copy_blocks_in_the_blocks_layout_copies_whole_blocks():
     want_k[4], want_k[0], want_v[4], want_v[0] = k[1], k[2], v[1], v[2]
     np.testing.assert_array_equal(caches[0][0].numpy(), want_k)
     np.testing.assert_array_equal(caches[0][1].numpy(), want_v)
+
+
+def test_opset_layout_and_metadata_follow_the_gcu_kernels():
+    import pytest
+
+    from paddle_llm_ops.gcu import custom_ops
+    from paddle_llm_ops.opset import build_opset
+
+    composed = build_opset()
+    assert (composed.kv_layout, composed.attention_metadata, composed.moe_routing) == ("heads_slots", "slots", None)
+    cpu = build_opset(cpu_isa="generic", block_size=BS)
+    assert (cpu.kv_layout, cpu.attention_metadata) == ("heads_slots", "block_tables")
+    flash = build_opset(gcu_attention=True)
+    assert (flash.kv_layout, flash.attention_metadata) == ("blocks", "flash")
+    assert dict(flash.names)["attention"] == "flash_attn_var_len_gcu" and flash.rms_norm is composed.rms_norm
+    # rotary / norms alone keep our cache layout and the composed attention
+    rot = build_opset(gcu_rotary=True, gcu_rms_norm=True)
+    assert (rot.kv_layout, rot.attention_metadata) == ("heads_slots", "slots")
+    assert rot.rms_norm is custom_ops.rms_norm and rot.add_rms_norm is custom_ops.fused_add_rms_norm
+    assert build_opset(fused_moe=True).moe_routing is custom_ops.topk_softmax
+    with pytest.raises(ValueError, match="different places"):
+        build_opset(cpu_isa="generic", block_size=BS, gcu_rotary=True)
