@@ -158,15 +158,20 @@ def _compile_all(cxx: str, flags: list[str], sources: list[Path], work: Path, ti
         procs.append((cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
         objects.append(obj)
         if len(procs) >= 2 or src == sources[-1]:
-            for c, p in procs:
+            failures = []
+            for c, p in procs:  # wait for every compiler of the batch before raising: none outlives us
                 try:
                     out, _ = p.communicate(timeout=timeout)
-                except subprocess.TimeoutExpired as e:
+                except subprocess.TimeoutExpired:
                     p.kill()
-                    raise PluginBuildError(f"compiling took over {timeout:.0f} s: {' '.join(c)}") from e
+                    p.communicate()
+                    failures.append(f"compiling took over {timeout:.0f} s: {' '.join(c)}")
+                    continue
                 if p.returncode != 0:
-                    raise PluginBuildError(f"compiling the stand-in gcu plug-in failed (exit {p.returncode}):\n"
-                                           f"$ {' '.join(c)}\n{out}")
+                    failures.append(f"compiling the stand-in gcu plug-in failed (exit {p.returncode}):\n"
+                                    f"$ {' '.join(c)}\n{out}")
+            if failures:
+                raise PluginBuildError("\n".join(failures))
             procs = []
     return objects
 
