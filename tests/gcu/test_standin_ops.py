@@ -96,7 +96,7 @@ def ref_rotary(x, table, pos, is_neox):
     return x
 
 
-def ref_attention(q, keys, values, causal=True, scale=None, softcap=0.0, window=(-1, -1)):
+def ref_attention(q, keys, values, causal=True, scale=None, softcap=0.0, window=(-1, -1), alibi=None):
     """One sequence: q [q_len, H, D], keys/values [k_len, Hk, D] (contiguous) -> [q_len, H, D]."""
     q_len, heads, dim = q.shape
     k_len, kv_heads = keys.shape[0], keys.shape[1]
@@ -109,6 +109,8 @@ def ref_attention(q, keys, values, causal=True, scale=None, softcap=0.0, window=
         s = softcap * np.tanh(s / softcap)
     i = np.arange(q_len)[:, None] + (k_len - q_len)  # bottom-right aligned query positions
     j = np.arange(k_len)[None, :]
+    if alibi is not None:  # flash-attn's ALiBi: - slope * |query position - key position|
+        s = s - np.asarray(alibi, np.float64)[:, None, None] * np.abs(i - j)[None]
     allowed = np.ones((q_len, k_len), bool)
     if causal:
         allowed &= j <= i
@@ -242,9 +244,10 @@ def test_flash_attn_paged_mixed_step_matches_numpy(standin_plugin_dir, standin_p
     assert "max_seqlen_k 8" in result["errors"]["1"] and "0" not in result["errors"]
 
 
-@pytest.mark.parametrize("causal,softcap,window", [(False, 0.0, (-1, -1)), (True, 5.0, (-1, -1)), (True, 0.0, (2, 0))])
+@pytest.mark.parametrize("causal,softcap,window,alibi", [(False, 0.0, (-1, -1), None), (True, 5.0, (-1, -1), None),
+                                                         (True, 0.0, (2, 0), None), (True, 0.0, (-1, -1), [0.5, 0.25])])
 def test_flash_attn_unpaged_variants_match_numpy(standin_plugin_dir, standin_package, tmp_path, causal, softcap,
-                                                 window):
+                                                 window, alibi):
     rng = np.random.default_rng(4)
     heads, kvh, dim = 2, 1, 8
     seqs = [(3, 6), (4, 4)]
@@ -255,13 +258,14 @@ def test_flash_attn_unpaged_variants_match_numpy(standin_plugin_dir, standin_pac
     val = rng.standard_normal((10, kvh, dim)).astype(np.float32)
     attrs = [v(4), v(6), v(0.0), v(dim ** -0.5), v(False), v(causal), v(window[0]), v(window[1]), v(softcap), v(False)]
     calls = [{"op": "flash_attn_var_len_gcu", "args": [t("q"), t("k"), t("v"), t("cu_q"), t("cu_k"), None, None,
-                                                        None, None] + attrs, "save": ["out"]}]
+                                                        None, t("alibi") if alibi else None] + attrs, "save": ["out"]}]
     result, out = run_ops(standin_plugin_dir, standin_package, tmp_path,
-                          {"q": q, "k": k, "v": val, "cu_q": cu_q, "cu_k": cu_k}, calls)
+                          {"q": q, "k": k, "v": val, "cu_q": cu_q, "cu_k": cu_k,
+                           "alibi": np.array(alibi or [0.0], np.float32)}, calls)
     assert result["errors"] == {}
     for s in range(2):
         ref = ref_attention(q[cu_q[s]:cu_q[s + 1]], k[cu_k[s]:cu_k[s + 1]], val[cu_k[s]:cu_k[s + 1]], causal=causal,
-                            softcap=softcap, window=window)
+                            softcap=softcap, window=window, alibi=alibi)
         close(out["out"][cu_q[s]:cu_q[s + 1]], ref)
 
 
