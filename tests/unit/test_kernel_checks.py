@@ -286,3 +286,9 @@ def test_engine_with_a_garbage_kernel_runs_the_composed_ops_and_says_why(tiny_mo
     if cpu_features.host_cpu().has("avx512f"):  # considered once the C++ kernels are off, and refused too
         assert "platform cpu: fused_rms_norm: off, verification failed: max |kernel - composed| 3.1e+07" in caplog.text
     assert run(composed) == run(verified)
+
+
+def test_without_a_verifier_every_optional_kernel_stays_off():
+    plan = decide(cpu_facts(XEON_AVX512))
+    assert not any(plan.kernels.values()) and plan.cpu_isa is None
+    assert "cpu_kernels: off, verification failed: no verifier given" in plan.decisions

@@ -347,7 +347,7 @@ def decide(facts: PlaceFacts, dtype: str = "auto", kv_cache_dtype: str = "auto",
     group_size = check_settings(dtype, kv_cache_dtype, quantization, quantization_group_size)
     parse_kernels_setting(kernels)  # a malformed list is refused before anything is decided
     if verify is None:
-        def verify(name):
+        def verify(name, dtype="float32", **params):
             return ChildVerdict(False, "no verifier given")
     decisions: list[str] = []
     if facts.device_description:
