@@ -422,7 +422,7 @@ def plan_for_device(device: Device | str, dtype: str = "auto", kv_cache_dtype: s
     plan = decide(facts, dtype, kv_cache_dtype, kernels, verify, quantization, quantization_group_size)
     if verify.timings:
         plan.decisions.append("kernel checks: " + ", ".join(
-            f"{name} {'cached' if cached else f'{secs:.2f} s'}" for name, secs, cached in verify.timings))
+            f"{name} {'cached' if cached else f'{secs:.3f} s'}" for name, secs, cached in verify.timings))
     if plan.flags:
         paddle.set_flags(plan.flags)
     plan.log()
