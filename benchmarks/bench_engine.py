@@ -4,6 +4,7 @@ greedy decoding at several batch sizes, with the memory-bandwidth limit as the y
     .venv/bin/python benchmarks/bench_engine.py [--model-dir build/SmolLM2-135M-Instruct] [--batches 1,8,32]
         [--peer-batches 1,8] [--max-tokens 64] [--threads N] [--bandwidth-gbs 35] [--repeats 1]
         [--ref-python build/ref-venv/bin/python] [--no-peer] [--json]
+        [--quantization wint8|wint4] [--quantization-group-size G]
 
 Workload: fixed chat-formatted questions (the model's chat template, tokenized once here); batch B
 takes the first B of them, all submitted at once; greedy, max_tokens tokens per request with EOS
@@ -29,6 +30,8 @@ use --threads threads (paddle via EngineConfig.num_threads, torch via torch.set_
 OMP_NUM_THREADS / MKL_NUM_THREADS for the peer process). Runs are sequential, never concurrent: the
 peer runs first, before our engine is built in this process. The greedy tokens of both are compared
 (in full, and up to each sequence's first EOS: past an ignored EOS near-ties are common).
+--quantization / --quantization-group-size: EngineConfig's settings for ours (weight-only int8 / int4);
+the bandwidth limit stays the fp32 one (the yardstick), so a quantized engine can exceed 100%.
 Each measured run is preceded by a short warm-up at the same batch size; with --repeats N the run
 with the shortest decode time is reported. "ours/peer" > 1 means we are faster (for times: < 1).
 """
@@ -176,10 +179,13 @@ def run_ours(args, prompts: list[list[int]]) -> tuple[dict, list[dict]]:
     biggest = max(args.batches)
     budget = max(2048, sum(len(p) for p in prompts[:biggest]))
     t0 = time.perf_counter()
+    quant = {"quantization": args.quantization, "quantization_group_size": args.quantization_group_size} \
+        if args.quantization else {}
     llm = LLM(str(args.model_dir), device=args.device, num_threads=args.threads,
-              max_num_seqs=max(biggest, 1), max_num_batched_tokens=budget)
+              max_num_seqs=max(biggest, 1), max_num_batched_tokens=budget, **quant)
     load_s = time.perf_counter() - t0
     info = {"load_s": load_s, "device": str(llm.engine.device), "max_num_batched_tokens": budget,
+            "quantization": args.quantization or "none",
             "eos_token_ids": list(llm.engine.eos_token_ids)}
     results = []
     for b in args.batches:
@@ -277,7 +283,7 @@ def print_report(summary: dict) -> None:
     print(f"workload: greedy, {s['max_tokens']} tokens per request (EOS ignored), chat-formatted prompts, "
           f"{s['threads']} threads")
     o = s["ours"]
-    print(f"ours: device {o['device']}, engine load {o['load_s']:.1f} s")
+    print(f"ours: device {o['device']}, quantization {o.get('quantization', 'none')}, engine load {o['load_s']:.1f} s")
     peer = s.get("peer")
     if peer:
         print(f"peer: HF transformers {peer['transformers']} / torch {peer['torch']} ({peer['python']}), "
@@ -331,6 +337,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-peer", action="store_true", help="skip the HF transformers peer")
     ap.add_argument("--peer-timeout", type=float, default=3600.0)
     ap.add_argument("--json", action="store_true", help="print a JSON summary instead of the table")
+    ap.add_argument("--quantization", default="", choices=("", "wint8", "wint4"), help="ours: weight-only int8 / int4")
+    ap.add_argument("--quantization-group-size", type=int, default=0,
+                    help="ours: input channels per scale (0: the default of the quantization, -1: per output channel)")
     args = ap.parse_args(argv)
     if args.max_tokens < 2 or args.repeats < 1 or args.threads < 1:
         ap.error("--max-tokens must be >= 2 (one prefill token plus decode), --repeats and --threads >= 1")
