@@ -136,8 +136,8 @@ def _in_dtype(a: np.ndarray, dtype: str) -> paddle.Tensor:
 @register("gcu_linear_quant")
 def check_gcu_linear_quant(dtype: str, bits: int = 8, group_size: int = -1) -> tuple[float, float]:
     """linear_quant_gcu on the current device against x @ (the dequantized weight) + bias with
-    paddle.matmul: 5 tokens, K = 320 (two full 128-blocks and a padded one for int4), N = 48, per
-    channel or groups of group_size (64 when -1 is not asked for and 320 is not divisible).
+    paddle.matmul: 5 tokens, N = 48, K = 320 (two full 128-chunks and a padded one for int4; 384 for
+    groups of 128), per channel (group_size -1) or groups of group_size, with a bias.
     Returns (max |kernel - composed|, max |composed|)."""
     rng = np.random.default_rng(16)
     k = 320 if group_size in (-1, 64) else 384
