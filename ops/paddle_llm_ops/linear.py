@@ -92,8 +92,8 @@ def group_size_for(in_width: int, group_size: int) -> int:
         return in_width
     if group_size <= 0 or group_size % 8 or in_width % group_size:
         raise ValueError(f"quantization_group_size {group_size} does not fit a linear of input width {in_width} of "
-                         f"this model: use -1 (per output channel) or a multiple of 8 dividing every linear's input "
-                         f"width")
+                         f"this model (with tensor_parallel_size > 1: of a rank's shard): use -1 (per output channel) "
+                         f"or a multiple of 8 dividing every linear's input width")
     return group_size
 
 
