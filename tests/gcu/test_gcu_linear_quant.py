@@ -9,7 +9,8 @@ weights of the tiny model, all in its LM head; wint4 1). Not an Enflame GCU: the
 reference, so this proves layout and call sequence, not TopsATen's numerics or speed.
 
 Bounds: check max |kernel - composed| <= 1e-5 x max(1, max |composed|) in fp32 (the plan's
-tolerance is 1e-4); |y - x @ W| <= sum_k |x_k| * scale / 2 (+ 1e-4 relative slack) per output.
+tolerance is 1e-4), 2e-2 in bf16 (the plan's; measured 0.03 of 11); |y - x @ W| <= sum_k |x_k| *
+scale / 2 (+ 1e-4 relative slack) per output.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ CHILD = Path(__file__).resolve().parent / "linear_quant_child.py"
 MARK = "LINEAR_QUANT_RESULT "
 CASES = [{"bits": 8, "group_size": -1, "dtype": "float32"}, {"bits": 8, "group_size": 64, "dtype": "float32"},
          {"bits": 4, "group_size": -1, "dtype": "float32"}, {"bits": 4, "group_size": 64, "dtype": "float32"},
-         {"bits": 4, "group_size": 128, "dtype": "float32"}]
+         {"bits": 4, "group_size": 128, "dtype": "float32"}, {"bits": 8, "group_size": -1, "dtype": "bfloat16"},
+         {"bits": 4, "group_size": 64, "dtype": "bfloat16"}]
+TOL = {"float32": 1e-5, "bfloat16": 2e-2}  # bf16: the plan's tolerance (the kernel's output is rounded to bf16)
 
 
 def _run_cases(plugin_dir, package_dir, cases) -> list[dict]:
@@ -55,8 +58,8 @@ def test_linear_quant_gcu_layout_check_and_bound(standin_plugin_dir, standin_pac
         diff, ref = got["check"]
         print(f"{case}: check {diff:.2e} of {ref:.2f}; |y - x W| {got['err_vs_fp32']:.3f} of {got['ref_max']:.2f}")
         assert got["place"].startswith("Place(gcu:0)"), got["place"]
-        assert diff <= 1e-5 * max(1.0, ref), case
-        assert got["same_as_wheel"], case
+        assert diff <= TOL[case["dtype"]] * max(1.0, ref), case
+        assert got["same_as_wheel"] or case["dtype"] != "float32", case  # bf16: scale rounded first (docstring)
         assert got["bound_ok"], case
         assert got["max_weight_err_over_half_step"] <= 1.0 + 1e-5, case
 

@@ -21,6 +21,9 @@ fastdeploy/model_executor/layers/backends/gcu/quantization/weight_only.py):
     128 (Kp) and repacks along K in blocks of 128: rhs uint8 [N, Kp / 2] with
     byte [n, 64 b + j] = nib[n, 128 b + j] | nib[n, 128 b + 64 + j] << 4  (j < 64).
   * the scale is cast to the model dtype (layer.weight_scale, default dtype) before the call.
+- Ours differs in one point: the scale is rounded to the model dtype first and q = round(w / that
+  stored scale) (FastDeploy divides by the fp32 scale and rounds the scale afterwards), so in bf16 /
+  fp16 a q can differ by one step from FastDeploy's; in fp32 the bytes are the wheel's.
 - FastDeploy's GCU linear always passes group_size -1 (per channel); weight_quantize_rtn accepts
   -1, 64 and 128 (its assert); vllm-gcu documents 4-bit groups of 64 or multiples of 64. This
   engine allows -1, 64 and 128 on a GCU (the plan refuses others) and defaults wint4 to 64.
@@ -135,7 +138,7 @@ def _in_dtype(a: np.ndarray, dtype: str) -> paddle.Tensor:
 
 @register("gcu_linear_quant")
 def check_gcu_linear_quant(dtype: str, bits: int = 8, group_size: int = -1) -> tuple[float, float]:
-    """linear_quant_gcu on the current device against x @ (the dequantized weight) + bias with
+    """linear_quant_gcu on the current device against x @ (the dequantized weight) + bias with an fp32
     paddle.matmul: 5 tokens, N = 48, K = 320 (two full 128-chunks and a padded one for int4; 384 for
     groups of 128), per channel (group_size -1) or groups of group_size, with a bias.
     Returns (max |kernel - composed|, max |composed|)."""
@@ -145,5 +148,7 @@ def check_gcu_linear_quant(dtype: str, bits: int = 8, group_size: int = -1) -> t
     lin = GcuQuantLinear(w, random_array(rng, (48,)), dtype, bits, group_size)
     x = _in_dtype(random_array(rng, (5, k)), dtype)
     ref_w = dequantize_linear_quant(lin.qweight.numpy(), lin.scale.astype("float32").numpy(), bits, k)
-    composed = paddle.matmul(x, _in_dtype(ref_w, dtype)) + lin.bias
+    # the reference in fp32 from the same (dtype-rounded) x, scale and bias: only the kernel's own
+    # rounding is measured, and it needs no low-precision matmul on the device
+    composed = paddle.matmul(x.astype("float32"), paddle.to_tensor(ref_w)) + lin.bias.astype("float32")
     return difference(lin(x), composed)
