@@ -76,8 +76,8 @@ class LLMEngine:
 
     def info(self) -> dict[str, str]:
         """What this engine runs on, as strings: device, dtype, kv_cache_dtype, kernels (the optional
-        kernels the platform layer turned on, ';'-joined, or "composed"), quantization ("none" or
-        "wint8"), tensor_parallel_size, and the admission limits max_num_seqs and max_num_waiting.
+        kernels the platform layer turned on, ';'-joined, or "composed"), quantization ("none",
+        "wint8" or "wint4"), tensor_parallel_size, and the admission limits max_num_seqs and max_num_waiting.
         With tensor parallelism these are what the ranks decided (every rank decides alike)."""
         plan = self.executor.plan
         kernels = "composed"

@@ -71,7 +71,7 @@ class LLMMetrics:
     def on_engine_info(self, info: dict[str, str]) -> None:
         """What the instance runs on, as labels of the gauge llm_engine_info (value 1): device
         ("cpu", "gcu:1"), dtype, kv_cache_dtype, kernels (the optional kernels that are on, ';'-joined,
-        or "composed"), quantization ("none" or "wint8"), tensor_parallel_size, and the admission
+        or "composed"), quantization ("none", "wint8" or "wint4"), tensor_parallel_size, and the admission
         limits max_num_seqs and max_num_waiting (LLMEngine.info())."""
         self._q.put(("info", dict(info)))
 
