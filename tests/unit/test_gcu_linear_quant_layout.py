@@ -62,3 +62,22 @@ def test_bad_bits_or_group_refused():
         quantize_for_linear_quant(np.ones((64, 2), np.float32), 2, -1)
     with pytest.raises(ValueError, match="quantization_group_size 64 does not divide"):
         quantize_for_linear_quant(np.ones((96, 2), np.float32), 4, 64)
+
+
+@pytest.mark.parametrize("bits,k,n,pad", [(4, 256, 256, 16), (4, 256, 48, 0), (8, 256, 256, 0)])
+def test_square_int4_weight_gets_extra_output_channels(bits, k, n, pad):
+    """linear_quant_gcu sizes its output as rhs.shape[-1] when lhs's K == rhs.shape[0]: for a square
+    int4 weight (rhs [N, Kp / 2], N == K) that is Kp / 2. GcuQuantLinear appends zero output
+    channels so that rhs.shape[0] != K, and keeps the real width to slice the output back."""
+    from paddle_llm_ops.gcu.linear_quant import GcuQuantLinear
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    lin = GcuQuantLinear(w, rng.standard_normal(n).astype(np.float32), "float32", bits, -1)
+    rows = lin.qweight.shape[0]
+    assert (lin.padded_out, lin.out_features, rows) == (pad, n, n + pad)
+    assert rows != k or bits == 8  # the shape rule then picks rhs.shape[0]
+    if pad:
+        deq = dequantize_linear_quant(lin.qweight.numpy(), lin.scale.numpy(), bits, k)
+        assert np.all(deq[:, n:] == 0) and np.all(lin.bias.numpy()[n:] == 0)
+        assert np.abs(deq[:, :n] - w).max() <= lin.scale.numpy()[:n].max() / 2 + 1e-6

@@ -39,11 +39,12 @@ from __future__ import annotations
 import numpy as np
 import paddle
 
-from paddle_llm_ops.kernel_checks import difference, random_array, register
+from paddle_llm_ops.kernel_checks import difference, random_array, register, worst
 
 GCU_GROUP_SIZES = (-1, 64, 128)
 _BOUND = {8: 127, 4: 7}
 _K_BLOCK = 128  # rearrange_for_w4a16 pads K to a multiple of this and interleaves halves of 64
+_SQUARE_PAD = 16  # zero output channels added to a square int4 weight (GcuQuantLinear)
 
 
 def _round_half_away(v: np.ndarray) -> np.ndarray:
@@ -113,8 +114,18 @@ class GcuQuantLinear:
     kind = "linear_quant_gcu"
 
     def __init__(self, w_in_out: np.ndarray, bias: np.ndarray | None, dtype: str, bits: int, group_size: int):
-        rhs, scale = quantize_for_linear_quant(w_in_out, bits, group_size, dtype)
-        self.bits, self.group_size, self.in_features = bits, int(group_size), int(np.shape(w_in_out)[0])
+        w = np.asarray(w_in_out, np.float32)
+        k, n = w.shape
+        self.bits, self.group_size, self.in_features, self.out_features = bits, int(group_size), int(k), int(n)
+        # The op sizes its output as rhs.shape[-1] when lhs's K equals rhs.shape[0]: for a square int4
+        # weight (rhs [N, Kp / 2] with N == K) that is Kp / 2, not N. Zero output channels appended
+        # until N' != K make it take rhs.shape[0] = N'; the extra columns are dropped after the call.
+        pad = _SQUARE_PAD if bits == 4 and k == n else 0
+        if pad:
+            w = np.concatenate([w, np.zeros((k, pad), np.float32)], axis=1)
+            bias = None if bias is None else np.concatenate([np.asarray(bias, np.float32), np.zeros(pad, np.float32)])
+        self.padded_out = pad
+        rhs, scale = quantize_for_linear_quant(w, bits, group_size, dtype)
         self.qweight = _const(paddle.to_tensor(rhs))
         self.scale = _const(_in_dtype(scale, dtype))
         self.bias = None if bias is None else _const(_in_dtype(np.asarray(bias, np.float32), dtype))
@@ -123,7 +134,8 @@ class GcuQuantLinear:
         from paddle.base import core
 
         out = core.eager._run_custom_op("linear_quant_gcu", x, self.qweight, self.scale, self.bias, self.group_size)
-        return out[0] if isinstance(out, (list, tuple)) else out
+        out = out[0] if isinstance(out, (list, tuple)) else out
+        return out[..., :self.out_features] if self.padded_out else out
 
 
 def _const(t: paddle.Tensor) -> paddle.Tensor:
@@ -139,16 +151,23 @@ def _in_dtype(a: np.ndarray, dtype: str) -> paddle.Tensor:
 @register("gcu_linear_quant")
 def check_gcu_linear_quant(dtype: str, bits: int = 8, group_size: int = -1) -> tuple[float, float]:
     """linear_quant_gcu on the current device against x @ (the dequantized weight) + bias with an fp32
-    paddle.matmul: 5 tokens, N = 48, K = 320 (two full 128-chunks and a padded one for int4; 384 for
-    groups of 128), per channel (group_size -1) or groups of group_size, with a bias.
-    Returns (max |kernel - composed|, max |composed|)."""
+    paddle.matmul, per channel (group_size -1) or groups of group_size, with a bias, 5 tokens: a
+    rectangular weight (K = 320: two full 128-chunks and a padded one for int4; 384 for groups of 128;
+    N = 48) and a square one (K = N, the case whose output width the op's shape rule gets wrong for
+    int4: GcuQuantLinear pads it). Returns (max |kernel - composed|, max |composed|) of the worse."""
     rng = np.random.default_rng(16)
     k = 320 if group_size in (-1, 64) else 384
-    w = random_array(rng, (k, 48), 0.1) * rng.uniform(0.2, 2.0, (1, 48)).astype(np.float32)
-    lin = GcuQuantLinear(w, random_array(rng, (48,)), dtype, bits, group_size)
+    parts = {f"[{k}, {n}]": _check_one(rng, dtype, bits, group_size, k, n) for n in (48, k)}
+    diff, ref, _ = worst(parts)
+    return diff, ref
+
+
+def _check_one(rng, dtype: str, bits: int, group_size: int, k: int, n: int) -> tuple[float, float]:
+    w = random_array(rng, (k, n), 0.1) * rng.uniform(0.2, 2.0, (1, n)).astype(np.float32)
+    lin = GcuQuantLinear(w, random_array(rng, (n,)), dtype, bits, group_size)
     x = _in_dtype(random_array(rng, (5, k)), dtype)
-    ref_w = dequantize_linear_quant(lin.qweight.numpy(), lin.scale.astype("float32").numpy(), bits, k)
+    ref_w = dequantize_linear_quant(lin.qweight.numpy(), lin.scale.astype("float32").numpy(), bits, k)[:, :n]
     # the reference in fp32 from the same (dtype-rounded) x, scale and bias: only the kernel's own
     # rounding is measured, and it needs no low-precision matmul on the device
-    composed = paddle.matmul(x.astype("float32"), paddle.to_tensor(ref_w)) + lin.bias.astype("float32")
+    composed = paddle.matmul(x.astype("float32"), paddle.to_tensor(ref_w)) + lin.bias.astype("float32")[:n]
     return difference(lin(x), composed)
