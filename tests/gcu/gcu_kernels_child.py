@@ -13,6 +13,14 @@ write, prefix-cache hit tokens; and for the first step that mixes decodes with p
 of which continues a cached prefix, where the schedule makes one) the call-log lines of that step
 (env STANDIN_GCU_CALL_LOG: the stand-in's one line per custom-op call) with the step's make-up and
 the number of composed KV gathers (kv_cache.gather_kv) and softmax calls made during it.
+
+spec["collectives"] = {"rank", "size", "port", "exit_early"} instead runs one rank of
+paddle.distributed over the stand-in's xccl_* callbacks (the environment GcuPlatform.collective_env
+gives a rank on gcu:<rank>): all_reduce (each dtype with SUM, float32 with MAX / MIN / PROD),
+broadcast, reduce, all_gather and reduce_scatter, some larger than the stand-in's 1 MiB slot (so
+they run in chunks), each compared with numpy on the ranks' seeded inputs; reported as
+{"checks": {name: max |got - want|}}. With exit_early, rank size - 1 then leaves without a word
+(os._exit) and rank 0 tries one more all_reduce, twice: {"dead_peer": [[error text, seconds], ...]}.
 """
 
 from __future__ import annotations
@@ -128,10 +136,109 @@ def scenario(spec: dict) -> dict:
     return out
 
 
+BIG = 300_001  # float32 elements: more than the stand-in's 1 MiB slot per rank, not a multiple of it
+DTYPES = ("float32", "float64", "bfloat16", "float16", "int64", "int32", "int8")
+
+
+def _inputs(rank: int, n: int, dtype: str, salt: int = 0):
+    """Rank `rank`'s seeded input as numpy: normal floats for float32 / float64, else integers in
+    [-8, 8] (exact in every dtype, as are their sums and products over two ranks)."""
+    import numpy as np
+
+    rng = np.random.default_rng(1000 * salt + rank)
+    if dtype in ("float32", "float64"):
+        return rng.standard_normal(n).astype(dtype)
+    return rng.integers(-8, 9, size=n).astype("float32" if dtype in ("bfloat16", "float16") else dtype)
+
+
+def _tensor(a, dtype: str):
+    import paddle
+
+    return paddle.to_tensor(a).astype(dtype)
+
+
+def _diff(got, want) -> float:
+    import numpy as np
+
+    return float(np.max(np.abs(got.astype("float64").numpy() - np.asarray(want, dtype="float64"))))
+
+
+def _collective_checks(rank: int, size: int) -> dict:
+    """{name: max |got - want|} of each collective on this rank (see the module docstring)."""
+    import numpy as np
+    import paddle.distributed as dist
+
+    ops = {"max": (dist.ReduceOp.MAX, np.max),
+           "min": (dist.ReduceOp.MIN, np.min), "prod": (dist.ReduceOp.PROD, np.prod)}
+    # (no AVG: paddle.distributed's Python side asks core.nccl_version() for it, absent off CUDA)
+    out = {}
+    for dtype in DTYPES:
+        n = BIG if dtype == "float32" else 1000
+        x = _tensor(_inputs(rank, n, dtype), dtype)
+        dist.all_reduce(x)
+        want = sum(_inputs(r, n, dtype).astype("float64") for r in range(size))  # exact for two ranks
+        out[f"all_reduce sum {dtype}"] = _diff(x, want.astype("float32") if dtype == "float32" else want)
+    for name, (op, ref) in ops.items():
+        x = _tensor(_inputs(rank, 1000, "float32", 1), "float32")
+        dist.all_reduce(x, op=op)
+        want = ref(np.stack([_inputs(r, 1000, "float32", 1) for r in range(size)]), axis=0)
+        out[f"all_reduce {name} float32"] = _diff(x, want.astype("float32"))
+    x = _tensor(_inputs(rank, BIG, "float32", 2), "float32")
+    dist.broadcast(x, src=size - 1)
+    out["broadcast float32"] = _diff(x, _inputs(size - 1, BIG, "float32", 2))
+    x = _tensor(_inputs(rank, 1000, "int64", 3), "int64")
+    dist.reduce(x, dst=0)
+    if rank == 0:
+        out["reduce sum int64 (dst 0)"] = _diff(x, sum(_inputs(r, 1000, "int64", 3) for r in range(size)))
+    got = []
+    dist.all_gather(got, _tensor(_inputs(rank, BIG, "float32", 4), "float32"))
+    out["all_gather float32"] = max(_diff(g, _inputs(r, BIG, "float32", 4)) for r, g in enumerate(got))
+    parts = [_tensor(_inputs(rank, BIG, "float32", 5 + d), "float32") for d in range(size)]
+    x = _tensor(np.zeros(BIG, "float32"), "float32")
+    dist.reduce_scatter(x, parts)
+    want = sum(_inputs(r, BIG, "float32", 5 + rank).astype("float64") for r in range(size)).astype("float32")
+    out["reduce_scatter sum float32"] = _diff(x, want)
+    return out
+
+
+def collectives(spec: dict) -> dict:
+    """One rank of spec["collectives"] (see the module docstring)."""
+    import time
+
+    c = spec["collectives"]
+    rank, size = int(c["rank"]), int(c["size"])
+    from paddle_llm_engine.platforms import Device, platform_for
+
+    device = Device.parse(f"gcu:{rank}")
+    port = int(c["port"])
+    os.environ.update(PADDLE_TRAINER_ID=str(rank), PADDLE_TRAINERS_NUM=str(size), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port), PADDLE_CURRENT_ENDPOINT=f"127.0.0.1:{port + rank}",
+                      PADDLE_TRAINER_ENDPOINTS=",".join(f"127.0.0.1:{port + r}" for r in range(size)),
+                      **platform_for(device).collective_env(device))
+    import paddle
+    import paddle.distributed as dist
+
+    paddle.set_device(str(device))
+    dist.init_parallel_env()
+    out = {"checks": _collective_checks(rank, size)}
+    if c.get("exit_early"):
+        if rank == size - 1:
+            os._exit(0)
+        out["dead_peer"] = []
+        for _ in range(2):
+            t0 = time.monotonic()
+            try:
+                dist.all_reduce(paddle.ones([4]))
+                out["dead_peer"].append(["no error", time.monotonic() - t0])
+            except Exception as e:  # what Paddle raises for the plug-in's failure
+                out["dead_peer"].append([f"{type(e).__name__}: {e}", time.monotonic() - t0])
+    return out
+
+
 def main() -> None:
     spec = json.loads(sys.argv[1])
     try:
-        result = scenario(spec)
+        result = collectives(spec) if "collectives" in spec else scenario(spec)
     except BaseException as e:  # reported to the test, which shows it with the child's stderr
         traceback.print_exc()
         result = {"error": {"type": type(e).__name__, "message": str(e)}}

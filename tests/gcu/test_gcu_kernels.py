@@ -15,7 +15,12 @@ Each engine runs in a child process (gcu_kernels_child.py) with a hard timeout. 
 - mixture of experts (Qwen3-MoE: q/k norm before the fused rotary, plain softmax top-k through
   topk_softmax_gcu; ERNIE 4.5 MoE: interleaved rotary permuted at load, routing with a correction
   bias kept composed) through the fused MoE trio, tokens equal to HF's;
-- tensor parallelism over gcu:0 / gcu:1: see test_tp2_on_the_standin (the stand-in has no collectives).
+- tensor parallelism over gcu:0 / gcu:1 (Paddle's xccl backend over the stand-in's xccl_* callbacks,
+  tests/gcu_standin/standin_xccl.cc: shared memory between the rank processes): the TP=2 engine with
+  every GCU op on gives CPU TP=1's greedy tokens over the mixed schedule (n = 2 included), each rank
+  running the sharded heads and the all-reduces going through the plug-in; the collectives
+  themselves (dtypes, reduce ops, chunked sizes) equal numpy, and a rank whose peer died gets an
+  error within a second instead of hanging; no shared-memory segment is left behind.
 """
 
 from __future__ import annotations
@@ -23,8 +28,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -180,27 +187,92 @@ def test_moe_through_the_fused_trio_gives_hf_tokens(family, standin_plugin_dir, 
     assert [g["tokens"][f"m{i}"][0] for i in range(len(prompts))] == want
 
 
-def test_tp2_on_the_standin(cpu_mixed, standin_plugin_dir, standin_package, gcu_tiny_model_dir):
-    """TP=2 over gcu:0 / gcu:1. Both ranks start, each plans and checks its GCU kernels on its device;
-    the first all-reduce then needs the plug-in's collectives (Paddle's xccl backend calls the
-    CustomDevice C ABI's xccl_* functions, ECCL on a real GCU), which the stand-in does not implement:
-    Paddle raises "CCLGetUniqueId is not implemented on gcu device". That known limit is an xfail
-    naming it; any other failure fails, and a stand-in that gains collectives must give CPU's tokens."""
-    reqs = mixed_schedule()[:2]
-    proc_spec = {"engine": mixed_engine(gcu_tiny_model_dir, tensor_parallel_size=2), "requests": reqs}
-    proc = subprocess.Popen([sys.executable, str(CHILD), json.dumps(proc_spec)],
-                            env=child_env(standin_plugin_dir, standin_package), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=str(REPO))
-    try:
-        out, err = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"TP=2 child did not finish within {TIMEOUT_S:.0f} s\n{tail(err)}", pytrace=False)
-    result = json.loads([line for line in out.splitlines() if line.startswith(MARK)][-1][len(MARK):])
+def xccl_segments() -> set[str]:
+    """The stand-in's communicator segments in /dev/shm (each is unlinked once its ranks attached)."""
+    return {p.name for p in Path("/dev/shm").glob("standin_gcu_xccl.*")}
+
+
+def test_tp2_on_gcu0_gcu1_through_the_standin_collectives_gives_cpu_tokens(cpu_mixed, standin_plugin_dir,
+                                                                          standin_package, gcu_tiny_model_dir,
+                                                                          tmp_path):
+    """TP=2 over gcu:0 / gcu:1, every GCU op on, over the mixed schedule (chunked prefill, a
+    prefix-cache hit, n = 2): CPU TP=1's greedy tokens. The call log (both ranks write it) shows
+    each rank's flash attention over its half of the heads and, per step and rank, one all-reduce
+    of the embedding plus two per layer (o_proj, MLP), all through the plug-in's xccl_all_reduce."""
+    log, before, t0 = tmp_path / "calls.log", xccl_segments(), time.monotonic()
+    g, err = run({"engine": mixed_engine(gcu_tiny_model_dir, tensor_parallel_size=2), "requests": mixed_schedule()},
+                 standin_plugin_dir, standin_package, env={"STANDIN_GCU_CALL_LOG": log})
+    elapsed = time.monotonic() - t0
     assert "tensor parallel: 2 workers on gcu:0, gcu:1 ready" in err, tail(err)
-    assert err.count("gcu_attention: on, the gcu plug-in registers") == 2  # each rank decided on its device
-    if result.get("error"):
-        assert "CCLGetUniqueId is not implemented on gcu device" in result["error"]["message"], result["error"]
-        pytest.xfail("the stand-in plug-in implements no xccl_* collectives: " + result["error"]["message"][:160])
-    assert result["tokens"] == {r["id"]: cpu_mixed["tokens"][r["id"]] for r in reqs}
+    for kernel in GCU_KERNELS:  # each rank decided (and checked) its kernels on its own device
+        assert err.count(f"{kernel}: on, the gcu plug-in registers") == 2, tail(err)
+    assert g["tokens"] == cpu_mixed["tokens"]
+    assert len(g["tokens"]["twins"]) == 2 and g["prefix_hit_tokens"] >= 2 * BLOCK
+    cfg = json.loads((Path(gcu_tiny_model_dir) / "config.json").read_text())
+    heads, layers, hidden = cfg["num_attention_heads"], cfg["num_hidden_layers"], cfg["hidden_size"]
+    calls = log.read_text().splitlines()
+    assert calls.count("xccl_comm_init_rank [2]") == 2  # one communicator, both ranks joined it
+    reduces = [int(line.split("[")[1].rstrip("]")) for line in calls if line.startswith("xccl_all_reduce [")]
+    assert len(reduces) == 2 * g["steps"] * (1 + 2 * layers)
+    assert all(n % hidden == 0 for n in reduces)  # [tokens, hidden] activations
+    steps = calls[calls.index("xccl_comm_init_rank [2]"):]  # before: each rank's start-up kernel checks
+    flash = [line for line in steps if line.startswith("flash_attn_var_len_gcu [")]
+    assert flash and all(line.endswith(f", {heads // 2}, {cfg['head_dim']}]") for line in flash), flash[:4]
+    assert xccl_segments() <= before  # every communicator's segment was unlinked
+    print(f"TP=2 engine on the stand-in: {elapsed:.1f} s, {g['steps']} steps, {len(reduces)} all-reduces")
+
+
+def run_ranks(plugin_dir: Path, package_dir: Path, log: Path, exit_early: bool = False,
+              timeout: float = 180.0) -> list[dict]:
+    """gcu_kernels_child.py's collectives scenario on ranks 0 and 1 at once; their results in rank
+    order (the last rank is reaped first: a rank that left early is then gone, not a zombie)."""
+    with socket.socket() as s:  # the ranks' rendezvous port (rank r also names port + r)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, str(CHILD), json.dumps(
+        {"collectives": {"rank": r, "size": 2, "port": port, "exit_early": exit_early}})],
+        env=child_env(plugin_dir, package_dir, {"STANDIN_GCU_CALL_LOG": log, "STANDIN_GCU_XCCL_TIMEOUT_S": 60}),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=str(REPO))
+        for r in range(2)]
+    outs = {}
+    try:
+        for r in (1, 0):
+            outs[r] = procs[r].communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+        pytest.fail(f"the collective ranks did not finish within {timeout:.0f} s", pytrace=False)
+    results = []
+    for r in range(2):
+        out, err = outs[r]
+        lines = [line for line in out.splitlines() if line.startswith(MARK)]
+        if exit_early and r == 1:
+            assert not lines and procs[r].returncode == 0
+            continue
+        assert lines, f"rank {r} exited with code {procs[r].returncode} without a result\n{tail(err)}"
+        results.append(dict(json.loads(lines[-1][len(MARK):]), stderr=err))
+        assert not results[-1].get("error"), (results[-1]["error"], tail(err))
+    return results
+
+
+def test_standin_collectives_equal_numpy_and_a_dead_peer_fails_fast(standin_plugin_dir, standin_package, tmp_path):
+    """all_reduce (float32 / float64 / bf16 / fp16 / int64 / int32 / int8 sums; float32 max, min,
+    prod), broadcast, reduce, all_gather and reduce_scatter between two rank processes equal
+    numpy exactly (two-rank sums are exact in the tested dtypes), the largest ones in chunks. Then
+    rank 1 exits without a word: rank 0's next all_reduce fails (dead peer noticed within a second,
+    far below the 60 s timeout) and so does the one after it, at once."""
+    log, before = tmp_path / "calls.log", xccl_segments()
+    ranks = run_ranks(standin_plugin_dir, standin_package, log, exit_early=True)
+    checks = ranks[0]["checks"]
+    assert len(checks) == 14, sorted(checks)
+    assert {k: v for k, v in checks.items() if v != 0.0} == {}
+    calls = {line.split(" [")[0] for line in log.read_text().splitlines()}
+    assert {"xccl_comm_init_rank", "xccl_all_reduce", "xccl_broadcast", "xccl_reduce", "xccl_all_gather",
+            "xccl_reduce_scatter"} <= calls
+    (first, t_first), (second, t_second) = ranks[0]["dead_peer"]
+    assert "CustomDevice error" in first and t_first < 10.0, (first, t_first)
+    assert "CustomDevice error" in second and t_second < 1.0, (second, t_second)
+    assert "a peer rank's process is gone (dead rank 1)" in ranks[0]["stderr"]
+    assert xccl_segments() <= before

@@ -1,9 +1,11 @@
 """Build the stand-in `gcu` CustomDevice plug-in and the stand-in `paddle-custom-gcu` package (tests only).
 
 Nothing here is an Enflame GCU: the plug-in registers Paddle custom device type "gcu" backed by host
-memory (standin_gcu.cc) and, in the same .so, reference implementations of paddle-custom-gcu's LLM
-custom ops under their real names and signatures (standin_ops_*.cc), so that the engine's GCU code
-path runs on any machine. Used by the session fixtures of tests/gcu/conftest.py; never by
+memory (standin_gcu.cc) with collectives between the rank processes of one host (standin_xccl.cc:
+the xccl_* callbacks of Paddle's `xccl` backend over POSIX shared memory, ECCL's place on a real
+GCU) and, in the same .so, reference implementations of paddle-custom-gcu's LLM custom ops under
+their real names and signatures (standin_ops_*.cc), so that the engine's GCU code path, tensor
+parallelism included, runs on any machine. Used by the session fixtures of tests/gcu/conftest.py; never by
 `make serve` or scripts/setup.sh.
 
 - build_plugin(variant="good" | "broken") compiles the sources with the machine's g++ against the
@@ -51,8 +53,8 @@ wheel's paddle/base/libpaddle.so, linked as paddle.utils.cpp_extension links (`-
 under --no-as-needed) with an rpath to paddle/base (libpaddle.so finds libphi / libcommon through
 its own rpath). When Paddle dlopen()s the plug-in, that DT_NEEDED entry resolves to the libpaddle.so
 already loaded. Compile time (measured 2026-12-02 with g++ -O2 on this 2-core machine): about 10 s of
-CPU for the four translation units (runtime 1.1 s, each op file ~3 s), 25-50 s wall while other jobs
-load the machine; the link takes under a second. CI builds each variant once per clean machine; the
+CPU for the five translation units (runtime 1.1 s, collectives 0.4 s, each op file ~3 s), 25-50 s
+wall while other jobs load the machine; the link takes under a second. CI builds each variant once per clean machine; the
 .so is ~280 KB.
 
 Also runnable: `python tests/gcu_standin/build.py [good|broken]` prints the plug-in folder.
@@ -72,6 +74,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 SOURCE = HERE / "standin_gcu.cc"  # the device runtime (InitPlugin); no paddle C++ API
+XCCL_SOURCE = HERE / "standin_xccl.cc"  # its collectives (xccl_* over POSIX shared memory); no paddle C++ API
 OP_SOURCES = (HERE / "standin_ops_attn.cc", HERE / "standin_ops_flash.cc", HERE / "standin_ops_quant_moe.cc")
 OP_HEADERS = (HERE / "standin_ops.h",)
 OPS_MODULE = HERE / "standin_ops_module.py"  # becomes paddle_custom_device/gcu/ops/__init__.py
@@ -190,7 +193,7 @@ def build_plugin(build_root: Path | None = None, source: Path = SOURCE, timeout:
     build_root = Path(build_root or BUILD_ROOT)
     cxx = _compiler()
     inc = paddle_include_dir()
-    sources = [Path(source), *OP_SOURCES]
+    sources = [Path(source), XCCL_SOURCE, *OP_SOURCES]
     out_dir = build_root / f"{variant}-{cache_key(variant, sources, cxx, inc)}"
     lib = out_dir / LIB_NAME
     if lib.is_file():

@@ -12,12 +12,21 @@
 // through Paddle's CPU kernels (FLAGS_enable_api_kernel_fallback, on by default; ops on views need
 // FLAGS_use_stride_kernel=0).
 //
+// Collectives: the xccl_* callbacks that Paddle's `xccl` process-group backend calls (ECCL on a
+// real GCU) are standin_xccl.cc's, registered by InitPlugin below: the rank processes of one host
+// meet in a POSIX shared-memory segment named by the unique id (barrier + copy / reduce, bounded
+// waits), so tensor parallelism over gcu:0 / gcu:1 runs. Paddle calls get_unique_id_size /
+// get_unique_id (rank 0), comm_init_rank (each rank, at its first collective), all_reduce (the
+// engine's only collective; barrier() is a one-element all_reduce), broadcast, reduce,
+// all_gather, reduce_scatter through paddle.distributed; send / recv / all_to_all are absent.
+//
 // What it models: the op signatures and their reference numerics (fp32 exact up to summation
 // order; bf16 / fp16 through float), the per-device memory accounting below, the device and
-// place plumbing. What it does not model: any GCU kernel's speed, TopsFA / topsvllm limits
-// (head sizes, block sizes, dtype support), real bf16 / fp16 numerics of the hardware, the stub
-// phi kernels of the real plug-in (the "broken" build variant stubs rms_norm_gcu instead), real
-// memory behaviour, streams, collectives.
+// place plumbing, collectives between processes of one host. What it does not model: any GCU
+// kernel's speed, TopsFA / topsvllm limits (head sizes, block sizes, dtype support), real bf16 /
+// fp16 numerics of the hardware, the stub phi kernels of the real plug-in (the "broken" build
+// variant stubs rms_norm_gcu instead), real memory behaviour, streams, ECCL's speed, topology,
+// multi-host rendezvous or asynchronous completion.
 //
 // Runtime details:
 //   - device memory is accounted per device: an allocation that would take the device past its
@@ -29,7 +38,9 @@
 // Env STANDIN_GCU_USAGE_DIR: when set, every device allocation rewrites
 // <dir>/standin_gcu.<pid>.txt with one line per device, "gcu:<i> used <bytes> peak <bytes>", so a
 // test can see from outside which device a process (e.g. a Triton stub) put its memory on.
-// Env STANDIN_GCU_CALL_LOG=<path>: every custom-op call appends "<op> [<dims of first input>]".
+// Env STANDIN_GCU_CALL_LOG=<path>: every custom-op call appends "<op> [<dims of first input>]",
+// every collective "xccl_<name> [<element count>]" (comm_init_rank: "[<ranks>]").
+// Env STANDIN_GCU_XCCL_TIMEOUT_S (default 300): how long a collective waits for its peers.
 //
 // Written against paddle/phi/backends/device_ext.h of the installed wheel (tests/gcu_standin/build.py
 // compiles it with the machine's g++ and links the ops against the wheel's libpaddle.so). No static
@@ -46,6 +57,8 @@
 
 #include "paddle/phi/backends/device_base.h"  // phi::DeviceProp, filled by get_device_properties
 #include "paddle/phi/backends/device_ext.h"
+
+void StandinRegisterCollectives(C_DeviceInterface* f);  // standin_xccl.cc
 
 // The opaque handles of device_ext.h: streams and events only remember their device.
 struct C_Stream_st {
@@ -389,6 +402,8 @@ void InitPlugin(CustomRuntimeParams* params) {
   f->is_float16_supported = Unsupported;
   f->is_bfloat16_supported = Unsupported;
   f->is_dnn_supported = Unsupported;
+
+  StandinRegisterCollectives(f);  // xccl_* over POSIX shared memory (standin_xccl.cc)
 }
 
 }  // extern "C"

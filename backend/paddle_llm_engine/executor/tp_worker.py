@@ -3,7 +3,8 @@
 Started by TPExecutor (tensor_parallel.py) with one end of a socket pair on file descriptor <fd>
 and the paddle.distributed environment of its rank (the collective backend the platform layer
 names for its device: gloo on CPU; on GCU the plug-in's collectives through paddle's xccl
-backend, not run here). It never outlives the engine process (processes.watch_parent).
+backend: ECCL on a GCU, tested here on the stand-in plug-in's shared-memory ones). It never
+outlives the engine process (processes.watch_parent).
 Lifecycle: "init" -> bind to the device, join the process group, build a Worker on the rank's
 shard of the model (tp/: shard plan, sharded reader, tensor-parallel model) -> "sized" (the KV
 blocks it can hold) -> "blocks" (the count every rank allocates) -> "ready" (its platform plan)

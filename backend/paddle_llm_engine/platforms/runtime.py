@@ -102,7 +102,7 @@ class CpuPlatform(Platform):
 class GcuPlatform(Platform):
     """An Enflame GCU through the paddle-custom-gcu plug-in (CustomDevice type "gcu"). The plug-in's
     version is checked on every activation; collectives go through Paddle's xccl backend over the
-    plug-in's library (not run here: no GCU host)."""
+    plug-in's library (ECCL on a GCU; tested here only on the stand-in plug-in's collectives)."""
 
     kind = "gcu"
 
