@@ -19,8 +19,8 @@ paddle.distributed over the stand-in's xccl_* callbacks (the environment GcuPlat
 gives a rank on gcu:<rank>): all_reduce (each dtype with SUM, float32 with MAX / MIN / PROD),
 broadcast, reduce, all_gather and reduce_scatter, some larger than the stand-in's 1 MiB slot (so
 they run in chunks), each compared with numpy on the ranks' seeded inputs; reported as
-{"checks": {name: max |got - want|}}. With exit_early, rank size - 1 then leaves without a word
-(os._exit) and rank 0 tries one more all_reduce, twice: {"dead_peer": [[error text, seconds], ...]}.
+{"checks": {name: max |got - want|}}. With exit_early, the last rank then goes silent and leaves
+(os._exit) while rank 0 tries more all_reduces: see _failures.
 """
 
 from __future__ import annotations
@@ -222,17 +222,49 @@ def collectives(spec: dict) -> dict:
     dist.init_parallel_env()
     out = {"checks": _collective_checks(rank, size)}
     if c.get("exit_early"):
-        if rank == size - 1:
-            os._exit(0)
-        out["dead_peer"] = []
-        for _ in range(2):
-            t0 = time.monotonic()
-            try:
-                dist.all_reduce(paddle.ones([4]))
-                out["dead_peer"].append(["no error", time.monotonic() - t0])
-            except Exception as e:  # what Paddle raises for the plug-in's failure
-                out["dead_peer"].append([f"{type(e).__name__}: {e}", time.monotonic() - t0])
+        out.update(_failures(rank, size))
     return out
+
+
+SILENT_S = 6.0  # how long the last rank stays alive but silent before it leaves
+
+
+def _failing_all_reduce(group, timeout_s: str) -> list:
+    """[what one all_reduce of rank 0 raised (or "no error"), seconds it took], its wait bounded
+    by STANDIN_GCU_XCCL_TIMEOUT_S = timeout_s (the plug-in reads it at every wait)."""
+    import time
+
+    import paddle
+    import paddle.distributed as dist
+
+    os.environ["STANDIN_GCU_XCCL_TIMEOUT_S"] = timeout_s
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(paddle.ones([4]), group=group)
+        return ["no error", time.monotonic() - t0]
+    except Exception as e:  # what Paddle raises for the plug-in's failure
+        return [f"{type(e).__name__}: {e}", time.monotonic() - t0]
+
+
+def _failures(rank: int, size: int) -> dict:
+    """A second communicator (new_group) is set up; then the last rank stays silent for SILENT_S
+    and leaves (os._exit). Rank 0: an all_reduce on the new group with a 1 s timeout
+    ("silent_peer"), then two on the world group with 60 s ("dead_peer": the peer's exit is
+    noticed, then the communicator is failed at once)."""
+    import time
+
+    import paddle
+    import paddle.distributed as dist
+
+    group = dist.new_group(list(range(size)))
+    dist.all_reduce(paddle.ones([4]), group=group)  # its communicator is up on every rank
+    if rank == size - 1:
+        time.sleep(SILENT_S)
+        os._exit(0)
+    if rank != 0:
+        return {}
+    silent = _failing_all_reduce(group, "1")
+    return {"silent_peer": silent, "dead_peer": [_failing_all_reduce(None, "60") for _ in range(2)]}
 
 
 def main() -> None:
