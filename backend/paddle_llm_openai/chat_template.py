@@ -39,7 +39,7 @@ class ChatTemplateError(ValueError):
     def __init__(self, param: str, message: str):
         super().__init__(f"{param}: {message}")
         self.param = param
-        self.message = message
+        self.message = self.msg = message
 
 
 class ChatRenderer:

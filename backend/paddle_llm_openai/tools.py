@@ -41,7 +41,7 @@ class ToolsError(ValueError):
     def __init__(self, param: str, message: str):
         super().__init__(f"{param}: {message}")
         self.param = param
-        self.message = message
+        self.message = self.msg = message
 
 
 def tool_parser_for(model_type: str, chat_template: str | None = None) -> ToolParser:
