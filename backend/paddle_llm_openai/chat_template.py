@@ -102,7 +102,8 @@ class ChatRenderer:
 
 def normalize_messages(messages) -> list[dict]:
     """Checked copies of OpenAI chat messages with text content as one string (parts joined by
-    "\\n"), None content of a tool-calling assistant as "". Raises ChatTemplateError("messages")."""
+    "\\n"), None content of a tool-calling assistant as "", role developer as system. Raises
+    ChatTemplateError("messages")."""
     if not isinstance(messages, list) or not messages:
         raise ChatTemplateError("messages", "expected a non-empty list of messages")
     out = []
@@ -115,6 +116,8 @@ def normalize_messages(messages) -> list[dict]:
                                                 f"got {role!r}")
         m = {k: v for k, v in m.items() if v is not None or k == "content"}
         m["content"] = _text_content(i, m.get("content"), role)
+        if role == "developer":  # OpenAI's newer name for system; templates know "system"
+            m["role"] = "system"
         out.append(m)
     return out
 

@@ -246,6 +246,8 @@ def test_smollm2_template(smol, smollm2_dir):
     assert smol.render(msgs, None, False, None) == want[:-len("<|im_start|>assistant\n")]
     assert smol.render([{"role": "user", "content": "x"}]).startswith(
         "<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
+    assert smol.render([{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+                       None, False, None) == want[:want.index("<|im_start|>assistant")]
 
 
 def test_smollm2_tools_folded_into_the_prompt(smol):
