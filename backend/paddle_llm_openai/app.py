@@ -1,0 +1,225 @@
+"""The FastAPI application: routes, error handlers, the request accounting middleware.
+
+`Frontend` holds what the routes share: the gRPC client of `llm` (made in the app's lifespan, on
+its event loop), the served model names, the chat renderer (loaded once, on first use), the model
+type (config.json, for the tool parser), the metrics and the drain state.
+
+Disconnects: a streamed response is cancelled by Starlette when the client goes away (its
+generator's `finally` cancels the gRPC calls); a non-streamed request runs beside a watcher of the
+connection (`_until_disconnect`) and is cancelled the same way when the client leaves first.
+Draining (cli.py, on SIGTERM): /health/ready is 503 and new /v1 requests are 503 at once; requests
+in flight go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from paddle_llm_openai import chat, completions
+from paddle_llm_openai.errors import OpenAIError
+from paddle_llm_openai.metrics import FrontendMetrics
+from paddle_llm_openai.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from paddle_llm_openai.triton_client import TritonLLM
+
+log = logging.getLogger("paddle_llm_openai")
+
+
+class Frontend:
+    """Shared state. served_names: model names clients may send (the first is the main one)."""
+
+    def __init__(self, tritonserver_url: str, model: str, served_names: list[str], tokenizer: str | None,
+                 triton_metrics_url: str | None):
+        self.tritonserver_url = tritonserver_url
+        self.model = model
+        self.served_names = served_names
+        self.tokenizer = tokenizer
+        self.metrics = FrontendMetrics(triton_metrics_url)
+        self.llm: TritonLLM | None = None
+        self.created = int(time.time())
+        self.draining = False
+        self.in_flight = 0
+        self._renderer = None
+        self.model_type = ""
+        if tokenizer:
+            try:
+                self.model_type = json.loads((Path(tokenizer) / "config.json").read_text()).get("model_type", "")
+            except (OSError, ValueError):
+                self.model_type = ""
+
+    @property
+    def renderer(self):
+        if self._renderer is None:
+            if not self.tokenizer:
+                raise OpenAIError(500, "this server was started without --tokenizer: chat is not available",
+                                  code="internal_error")
+            from paddle_llm_openai.chat_template import ChatRenderer
+
+            self._renderer = ChatRenderer(self.tokenizer)
+        return self._renderer
+
+
+class _Accounting:
+    """ASGI middleware: /v1 requests in flight, drain refusals, per-endpoint status and time."""
+
+    def __init__(self, app, fe: Frontend):
+        self.app, self.fe = app, fe
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        endpoint = self.fe.metrics.endpoint(path)
+        is_v1 = path.startswith("/v1/")
+        if is_v1 and self.fe.draining:
+            resp = OpenAIError(503, "the server is shutting down and takes no new requests; retry on another "
+                                    "replica", code="service_unavailable").response()
+            self.fe.metrics.observe(endpoint, 503, 0.0)
+            return await resp(scope, receive, send)
+        status = [500]
+        t0 = time.perf_counter()
+
+        async def send_status(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        if is_v1:
+            self.fe.in_flight += 1
+            self.fe.metrics.in_flight.inc()
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            if is_v1:
+                self.fe.in_flight -= 1
+                self.fe.metrics.in_flight.dec()
+            self.fe.metrics.observe(endpoint, status[0], time.perf_counter() - t0)
+
+
+async def _until_disconnect(request: Request, coro):
+    """Run coro; if the client disconnects first, cancel it (its gRPC calls are cancelled) and
+    return None."""
+    task = asyncio.ensure_future(coro)
+
+    async def watch():
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        gone = not task.done()
+        if gone:  # the client left (or this handler was cancelled): stop the generation
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if gone:
+        log.info("client disconnected: request cancelled")
+        return None
+    return task.result()
+
+
+def _param_of(loc) -> str | None:
+    parts = [str(p) for p in loc if p != "body"]
+    return ".".join(parts) if parts else None
+
+
+def build_app(fe: Frontend) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_app):
+        fe.llm = TritonLLM(fe.tritonserver_url, fe.model)
+        try:
+            yield
+        finally:
+            await fe.llm.close()
+            await fe.metrics.close()
+
+    app = FastAPI(title="paddle-llm OpenAI API", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.frontend = fe
+
+    @app.exception_handler(OpenAIError)
+    async def _openai_error(_req, e: OpenAIError):
+        return e.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_req, e: RequestValidationError):
+        errs = e.errors()
+        first = errs[0] if errs else {}
+        param = _param_of(first.get("loc", ()))
+        if first.get("type") == "extra_forbidden":
+            msg = f"Unrecognized request argument supplied: {param}"
+        elif first.get("type") == "json_invalid":
+            msg, param = f"the body is not valid JSON: {first.get('ctx', {}).get('error', '')}", None
+        elif first.get("type") == "missing":
+            msg = f"{param}: missing required parameter"
+        else:
+            msg = f"{param}: {first.get('msg', 'invalid value')}"
+        return OpenAIError(400, msg, param=param, code="invalid_parameter").response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_req, e: StarletteHTTPException):
+        return OpenAIError(e.status_code, str(e.detail), code=None,
+                           type_="invalid_request_error" if e.status_code < 500 else None).response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_req, e: Exception):
+        log.exception("unexpected error")
+        return OpenAIError(500, f"{type(e).__name__}: {e}", code="internal_error").response()
+
+    @app.get("/v1/models")
+    async def models():
+        return ModelList(data=[ModelCard(id=n, created=fe.created) for n in fe.served_names]).model_dump()
+
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str):
+        if name not in fe.served_names:
+            raise OpenAIError(404, f"The model `{name}` does not exist", param="model", code="model_not_found")
+        return ModelCard(id=name, created=fe.created).model_dump()
+
+    async def _serve(request: Request, make, req):
+        if req.stream:
+            events = await make(fe, req)
+            return StreamingResponse(events, media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        result = await _until_disconnect(request, make(fe, req))
+        if result is None:
+            return Response(status_code=499)  # nobody is listening any more
+        return JSONResponse(result)
+
+    @app.post("/v1/completions")
+    async def create_completion(req: CompletionRequest, request: Request):
+        return await _serve(request, completions.create, req)
+
+    @app.post("/v1/chat/completions")
+    async def create_chat_completion(req: ChatCompletionRequest, request: Request):
+        return await _serve(request, chat.create, req)
+
+    @app.get("/health")
+    async def health():
+        ok = fe.llm is not None and await fe.llm.is_live()
+        return JSONResponse({"status": "ok" if ok else "triton not live"}, status_code=200 if ok else 503)
+
+    @app.get("/health/ready")
+    async def ready():
+        if fe.draining:
+            return JSONResponse({"status": "draining"}, status_code=503)
+        ok = fe.llm is not None and await fe.llm.is_ready()
+        return JSONResponse({"status": "ready" if ok else f"{fe.model} not ready"}, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(await fe.metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return _Accounting(app, fe)

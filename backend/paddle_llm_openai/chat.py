@@ -1,0 +1,160 @@
+"""POST /v1/chat/completions: messages -> the model's chat template -> `llm` -> chat.completion(.chunk).
+
+The prompt is rendered by chat_template.ChatRenderer (the model folder's own template, as the
+engine's tokenizer applies it; `tools` go to the template unless tool_choice is "none"). With tools,
+the model's output is parsed by the tool parser of its family (tools.tool_parser_for); "required" or
+a named tool_choice forces a valid call through guided decoding (tools.guide_for). n sequences are n
+`llm` requests (seeds seed + i). Streams: a first chunk per choice with the role, content (or
+tool-call) deltas, a last chunk per choice with its finish_reason, the usage chunk when
+stream_options.include_usage, then [DONE].
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import AsyncIterator
+
+from paddle_llm_openai import logprobs as lp
+from paddle_llm_openai import params
+from paddle_llm_openai.errors import bad_param, classify
+from paddle_llm_openai.protocol import ChatCompletionRequest
+from paddle_llm_openai.streaming import DONE, collect, merged, sse
+from paddle_llm_openai.triton_client import TritonError
+
+
+def _render(fe, req: ChatCompletionRequest):
+    """(prompt, tool parser or None, guided-decoding entries or None, the parameter they come from)."""
+    from paddle_llm_openai import tools as tools_mod
+    from paddle_llm_openai.chat_template import ChatTemplateError
+
+    if not req.messages:
+        raise bad_param("messages", "must not be empty")
+    use_tools = bool(req.tools) and req.tool_choice != "none"
+    if req.tool_choice not in (None, "none", "auto") and not req.tools:
+        raise bad_param("tool_choice", "needs `tools`")
+    parser, guide = None, None
+    if use_tools:
+        try:
+            parser = tools_mod.tool_parser_for(fe.model_type)
+            guide = tools_mod.guide_for(req.tools, req.tool_choice or "auto", parser)
+        except tools_mod.ToolsError as e:
+            raise bad_param(e.param, e.msg if hasattr(e, "msg") else str(e)) from None
+    try:
+        prompt = fe.renderer.render(req.messages, req.tools if use_tools else None,
+                                    bool(req.add_generation_prompt), req.chat_template_kwargs)
+    except ChatTemplateError as e:
+        raise bad_param("messages", str(e)) from None
+    return prompt, parser, guide
+
+
+async def create(fe, req: ChatCompletionRequest):
+    """A dict (non-streamed) or an async iterator of SSE bytes whose first `llm` response has
+    already arrived (an error it reports is answered with its own status)."""
+    params.check_refused(req)
+    model = params.check_model(fe.served_names, req.model)
+    n = params.check_n(req)
+    prompt, parser, tool_guide = _render(fe, req)
+    rf_guide = params.response_format_guide(req.response_format)
+    if tool_guide and rf_guide:
+        raise bad_param("response_format", "cannot be combined with a forced tool call (tool_choice)")
+    sp, names = params.sampling(req, chat=True, guide=rf_guide)
+    if tool_guide:
+        sp.update(tool_guide)
+        names["sampling_parameters.structured_outputs"] = "tool_choice"
+        names["sampling_parameters.guided_decoding"] = "tool_choice"
+    seeds = params.seeds(req.seed, n)
+    rid = f"chatcmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    gens = [fe.llm.generate(prompt, dict(sp, seed=seeds[i]) if seeds[i] is not None else sp,
+                            stream=bool(req.stream), logprobs=bool(req.logprobs), request_id=f"{rid}-{i}")
+            for i in range(n)]
+    k = req.top_logprobs or 0
+    if req.stream:
+        return await _stream(req, gens, parser, names, rid, created, model, k)
+    try:
+        seqs = await collect(gens)
+    except TritonError as e:
+        raise classify(str(e), names) from None
+    choices = []
+    for i, s in enumerate(seqs):
+        msg = {"role": "assistant", "content": s.text, "refusal": None}
+        finish = s.finish_reason
+        if parser is not None:
+            content, calls = parser.parse(s.text)
+            msg["content"] = content
+            if calls:
+                msg["tool_calls"] = calls
+                finish = "tool_calls"
+        choices.append({"index": i, "message": msg, "finish_reason": finish,
+                        "logprobs": {"content": lp.chat_content(s.logprobs or [], k), "refusal": None}
+                        if req.logprobs else None})
+    return {"id": rid, "object": "chat.completion", "created": created, "model": model,
+            "system_fingerprint": None, "choices": choices,
+            "usage": params.usage(seqs[0].num_input_tokens, sum(s.num_output_tokens for s in seqs))}
+
+
+async def _stream(req, gens, parser, names, rid, created, model, k) -> AsyncIterator[bytes]:
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    pieces = merged(gens)
+    try:
+        first = await pieces.__anext__()
+    except TritonError as e:
+        await pieces.aclose()
+        raise classify(str(e), names) from None
+    n = len(gens)
+
+    def chunk(i: int, delta: dict, finish=None, entries=None) -> bytes:
+        c = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+             "system_fingerprint": None,
+             "choices": [{"index": i, "delta": delta, "finish_reason": finish,
+                          "logprobs": {"content": lp.chat_content(entries, k), "refusal": None}
+                          if (req.logprobs and entries) else None}]}
+        if include_usage:
+            c["usage"] = None
+        return sse(c)
+
+    async def events():
+        n_in, n_out = [0] * n, [0] * n
+        states = [parser.stream() if parser is not None else None for _ in range(n)]
+        called = [False] * n
+        try:
+            for i in range(n):
+                yield chunk(i, {"role": "assistant", "content": ""})
+            item = first
+            while True:
+                i, piece = item
+                n_in[i] = piece.num_input_tokens or n_in[i]
+                n_out[i] += piece.num_output_tokens
+                st = states[i]
+                if st is None:
+                    if piece.text or piece.logprobs:
+                        yield chunk(i, {"content": piece.text}, entries=piece.logprobs)
+                else:
+                    deltas = st.feed(piece.text) if piece.text else []
+                    if piece.finish_reason is not None:
+                        deltas = deltas + st.finish()
+                    for j, d in enumerate(deltas):
+                        called[i] = called[i] or bool(d.get("tool_calls"))
+                        yield chunk(i, d, entries=piece.logprobs if j == 0 else None)
+                    if not deltas and piece.logprobs:
+                        yield chunk(i, {}, entries=piece.logprobs)
+                if piece.finish_reason is not None:
+                    yield chunk(i, {}, "tool_calls" if called[i] else piece.finish_reason)
+                try:
+                    item = await pieces.__anext__()
+                except StopAsyncIteration:
+                    break
+        except TritonError as e:
+            yield sse(classify(str(e), names).body())
+            yield DONE
+            return
+        finally:
+            await pieces.aclose()
+        if include_usage:
+            yield sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+                       "system_fingerprint": None, "choices": [],
+                       "usage": params.usage(n_in[0], sum(n_out))})
+        yield DONE
+
+    return events()

@@ -1,0 +1,153 @@
+"""OpenAI request parameters -> `llm`'s `sampling_parameters` (the vLLM backend's JSON keys).
+
+`sampling(req, chat, guide)` returns (sampling_parameters dict, names) where names maps llm's field
+names back to this request's parameters for error messages (errors.to_openai_param): e.g.
+"sampling_parameters.max_tokens" -> "max_completion_tokens" when that is what the client sent,
+"sampling_parameters.logprobs" -> "top_logprobs" (chat), "sampling_parameters.structured_outputs"
+-> "response_format", "text_input" -> "messages" / "prompt".
+
+Value ranges are `llm`'s (the engine's own rules; a bad value comes back as INVALID_ARG naming the
+key, mapped to 400 naming the parameter); only OpenAI-only rules are checked here (n, logprobs,
+top_logprobs, the refused and the ignored fields). n > 1: `llm` takes n = 1 only, so the endpoints
+send n requests; with a seed, sequence i gets seed + i (sequence 0 is the n = 1 answer).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from paddle_llm_openai.errors import bad_param
+
+MAX_N = 16  # sequences per request (each is one `llm` request; more is better sent as separate requests)
+MAX_LOGPROBS = 20  # llm's range for `logprobs` (vLLM's too)
+SEED_LIMIT = 2 ** 64
+
+# field -> why it is refused (when set to anything but null / its no-op value, see _NOOP)
+REFUSED = {
+    "functions": "deprecated by OpenAI: send `tools`",
+    "function_call": "deprecated by OpenAI: send `tool_choice`",
+    "audio": "audio output is not supported (text models)",
+    "modalities": "only [\"text\"] is supported",
+    "prediction": "predicted outputs are not supported",
+    "web_search_options": "web search is not supported",
+    "reasoning_effort": "the served models have no reasoning mode",
+    "verbosity": "the served models have no verbosity setting",
+    "suffix": "insertion (fill-in-the-middle) is not supported",
+    "best_of": "only 1 (or equal to n: every sequence is returned) is supported",
+}
+_NOOP = {"modalities": (["text"],)}
+# accepted and ignored (no effect here)
+IGNORED = ("user", "metadata", "store", "service_tier", "parallel_tool_calls", "prompt_cache_key",
+           "safety_identifier", "stream_options.include_obfuscation")
+
+
+def check_refused(req) -> None:
+    """400 naming the first refused field that is set (null and no-op values pass)."""
+    for name, why in REFUSED.items():
+        v = getattr(req, name, None)
+        if v is None or v in _NOOP.get(name, ()):
+            continue
+        if name == "best_of" and (v == 1 or v == (req.n or 1)):
+            continue
+        raise bad_param(name, f"not supported: {why}")
+
+
+def check_n(req) -> int:
+    n = 1 if req.n is None else req.n
+    if not 1 <= n <= MAX_N:
+        raise bad_param("n", f"must be between 1 and {MAX_N}, got {n}")
+    return n
+
+
+def seeds(seed: int | None, n: int) -> list[int | None]:
+    """Per-sequence seeds: seed + i (None: each sequence draws its own fresh seed in the engine)."""
+    if seed is None:
+        return [None] * n
+    if not 0 <= seed < SEED_LIMIT or seed + n - 1 >= SEED_LIMIT:
+        raise bad_param("seed", f"must be in [0, 2^64 - n), got {seed}")
+    return [seed + i for i in range(n)]
+
+
+def response_format_guide(rf: dict | None) -> dict | None:
+    """OpenAI response_format -> vLLM `structured_outputs` (None: unconstrained).
+    {"type": "text"} | {"type": "json_object"} | {"type": "json_schema", "json_schema": {"name",
+    "schema", "strict", "description"}}; the schema is compiled by llm (a bad one is 400 naming
+    response_format)."""
+    if rf is None:
+        return None
+    if not isinstance(rf, dict) or "type" not in rf:
+        raise bad_param("response_format", "expected an object with a `type`")
+    kind = rf["type"]
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"json_object": True}
+    if kind == "json_schema":
+        js = rf.get("json_schema")
+        if not isinstance(js, dict):
+            raise bad_param("response_format.json_schema", "expected an object with `name` and `schema`")
+        schema = js.get("schema")
+        if schema is None:
+            schema = {"type": "object"}  # OpenAI: schema is optional
+        if not isinstance(schema, dict):
+            raise bad_param("response_format.json_schema.schema", "expected a JSON schema object")
+        return {"json": schema}
+    raise bad_param("response_format.type", f"expected text, json_object or json_schema, got {kind!r}")
+
+
+def sampling(req, chat: bool, guide: dict | None = None, guide_param: str = "response_format"
+             ) -> tuple[dict[str, Any], dict[str, str]]:
+    """The request's `sampling_parameters` (without seed; see seeds()) and the field-name map.
+    guide: vLLM `structured_outputs` contents (response_format or a forced tool call)."""
+    sp: dict[str, Any] = {}
+    names = {"text_input": "messages" if chat else "prompt",
+             "sampling_parameters.structured_outputs": guide_param}
+    max_tokens = req.max_tokens
+    if chat and req.max_completion_tokens is not None:
+        max_tokens = req.max_completion_tokens
+        names["sampling_parameters.max_tokens"] = "max_completion_tokens"
+    if max_tokens is not None:
+        sp["max_tokens"] = max_tokens
+    for key in ("temperature", "top_p", "top_k", "min_p", "min_tokens", "ignore_eos", "presence_penalty",
+                "frequency_penalty", "repetition_penalty", "skip_special_tokens", "stop_token_ids",
+                "include_stop_str_in_output"):
+        v = getattr(req, key)
+        if v is not None:
+            sp[key] = v
+    if req.stop is not None and req.stop != []:
+        sp["stop"] = req.stop
+    if req.logit_bias:
+        sp["logit_bias"] = req.logit_bias
+    if chat:
+        if req.top_logprobs is not None and not req.logprobs:
+            raise bad_param("top_logprobs", "needs logprobs: true")
+        if req.logprobs:
+            k = req.top_logprobs or 0
+            if not 0 <= k <= MAX_LOGPROBS:
+                raise bad_param("top_logprobs", f"must be between 0 and {MAX_LOGPROBS}, got {k}")
+            sp["logprobs"] = k
+            names["sampling_parameters.logprobs"] = "top_logprobs"
+    elif req.logprobs is not None:
+        if not 0 <= req.logprobs <= MAX_LOGPROBS:
+            raise bad_param("logprobs", f"must be between 0 and {MAX_LOGPROBS}, got {req.logprobs}")
+        if req.echo:
+            raise bad_param("logprobs", "not supported with echo: prompt logprobs are not computed")
+        sp["logprobs"] = req.logprobs
+    if guide is not None:
+        sp["structured_outputs"] = guide
+    return sp, names
+
+
+def check_model(served: list[str], name: str) -> str:
+    """404 (OpenAI's model_not_found) unless `name` is one of the served model names."""
+    from paddle_llm_openai.errors import OpenAIError
+
+    if name not in served:
+        raise OpenAIError(404, f"The model `{name}` does not exist (served: {', '.join(served)})", param="model",
+                          code="model_not_found")
+    return name
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}

@@ -1,0 +1,100 @@
+"""Request bodies of /v1/completions and /v1/chat/completions (pydantic; OpenAI's names and types).
+
+Unknown fields are refused (400, as OpenAI does: "Unrecognized request argument supplied"); the
+fields OpenAI defines that this server does not implement are declared here and refused with a
+reason in params.py (REFUSED), or accepted and ignored (IGNORED). Fields beyond OpenAI's are vLLM's
+extensions of the same name (top_k, min_p, repetition_penalty, ignore_eos, min_tokens,
+skip_special_tokens, stop_token_ids, include_stop_str_in_output, add_generation_prompt,
+chat_template_kwargs). Ranges are checked by `llm` (the engine's rules) and by params.py for the
+OpenAI-only ones (n, logprobs, top_logprobs).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: Optional[bool] = False
+    include_obfuscation: Optional[bool] = None  # accepted and ignored (no obfuscation padding)
+    continuous_usage_stats: Optional[bool] = False  # vLLM: usage on every chunk
+
+
+class _Common(BaseModel):
+    """Fields both endpoints take."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    max_tokens: Optional[int] = None
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    n: Optional[int] = 1
+    stop: Optional[Union[str, List[str]]] = None
+    seed: Optional[int] = None
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    logit_bias: Optional[Dict[str, float]] = None
+    user: Optional[str] = None
+    stream: Optional[bool] = False
+    stream_options: Optional[StreamOptions] = None
+    response_format: Optional[Dict[str, Any]] = None
+    # vLLM's extensions
+    top_k: Optional[int] = None
+    min_p: Optional[float] = None
+    repetition_penalty: Optional[float] = None
+    ignore_eos: Optional[bool] = None
+    min_tokens: Optional[int] = None
+    skip_special_tokens: Optional[bool] = None
+    stop_token_ids: Optional[List[int]] = None
+    include_stop_str_in_output: Optional[bool] = None
+    # accepted and ignored
+    metadata: Optional[Dict[str, Any]] = None
+    store: Optional[bool] = None
+    service_tier: Optional[str] = None
+
+
+class CompletionRequest(_Common):
+    prompt: Union[str, List[str], List[int], List[List[int]]]
+    echo: Optional[bool] = False
+    logprobs: Optional[int] = None
+    best_of: Optional[int] = None
+    suffix: Optional[str] = None
+
+
+class ChatCompletionRequest(_Common):
+    messages: List[Dict[str, Any]]
+    max_completion_tokens: Optional[int] = None
+    logprobs: Optional[bool] = False
+    top_logprobs: Optional[int] = None
+    tools: Optional[List[Dict[str, Any]]] = None
+    tool_choice: Optional[Union[Literal["none", "auto", "required"], Dict[str, Any]]] = None
+    parallel_tool_calls: Optional[bool] = None
+    add_generation_prompt: Optional[bool] = True
+    chat_template_kwargs: Optional[Dict[str, Any]] = None
+    # refused with a reason (params.REFUSED)
+    functions: Optional[List[Dict[str, Any]]] = None
+    function_call: Optional[Union[str, Dict[str, Any]]] = None
+    audio: Optional[Dict[str, Any]] = None
+    modalities: Optional[List[str]] = None
+    prediction: Optional[Dict[str, Any]] = None
+    web_search_options: Optional[Dict[str, Any]] = None
+    reasoning_effort: Optional[str] = None
+    verbosity: Optional[str] = None
+    prompt_cache_key: Optional[str] = None
+    safety_identifier: Optional[str] = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "paddle-llm"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: List[ModelCard] = Field(default_factory=list)

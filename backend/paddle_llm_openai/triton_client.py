@@ -1,0 +1,128 @@
+"""One `llm` request over a gRPC stream of Triton (`tritonclient.grpc.aio`), as an async iterator.
+
+`TritonLLM(url, model).generate(prompt, sampling_parameters, stream, logprobs, request_id)` yields
+`Piece`s: text (the new text when streamed, the whole answer otherwise), finish_reason (None until
+the last piece, then "stop" / "length" / "abort"), num_input_tokens, num_output_tokens (of this piece
+when streamed, of the answer otherwise) and logprobs (llm's per-token entries, or None).
+
+Every request has its own `ModelStreamInfer` call on the shared channel, so ending it early (the
+client went away, the iterator is closed or its task cancelled) cancels exactly that call, and
+Triton marks the request cancelled: `llm` aborts it and frees its KV blocks within its 0.1 s sweep.
+An error response, or the call failing (Triton gone, connection reset), raises `TritonError` with
+the message; the endpoints classify it (errors.classify). There is no silent end: a stream that
+closes without a final piece raises TritonError too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+import grpc
+import numpy as np
+import tritonclient.grpc.aio as grpcclient
+from tritonclient.utils import InferenceServerException
+
+
+class TritonError(Exception):
+    """A request that Triton failed; str() is Triton's / llm's message."""
+
+
+@dataclass
+class Piece:
+    text: str
+    finish_reason: str | None
+    num_input_tokens: int
+    num_output_tokens: int
+    logprobs: list[dict] | None
+
+
+def _tensor(name: str, value, dtype: str) -> grpcclient.InferInput:
+    arr = np.array([value], dtype=np.object_ if dtype == "BYTES" else np.bool_)
+    t = grpcclient.InferInput(name, [1], dtype)
+    t.set_data_from_numpy(arr)
+    return t
+
+
+class TritonLLM:
+    """The gRPC client of one Triton server's `llm` model. Create inside the running event loop."""
+
+    def __init__(self, url: str, model: str = "llm"):
+        self.url = url
+        self.model = model
+        self.client = grpcclient.InferenceServerClient(url)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def is_ready(self) -> bool:
+        """Triton ready (false while it drains) and `llm` ready (False on any error: the server may be gone)."""
+        try:
+            return bool(await self.client.is_server_ready()) and bool(await self.client.is_model_ready(self.model))
+        except Exception:
+            return False
+
+    async def is_live(self) -> bool:
+        try:
+            return bool(await self.client.is_server_live())
+        except Exception:
+            return False
+
+    async def generate(self, prompt: str, sampling_parameters: dict, stream: bool, logprobs: bool = False,
+                       request_id: str = "") -> AsyncIterator[Piece]:
+        inputs = [
+            _tensor("text_input", prompt.encode("utf-8"), "BYTES"),
+            _tensor("stream", stream, "BOOL"),
+            _tensor("sampling_parameters", json.dumps(sampling_parameters).encode("utf-8"), "BYTES"),
+            _tensor("exclude_input_in_output", True, "BOOL"),
+            _tensor("return_finish_reason", True, "BOOL"),
+            _tensor("return_num_input_tokens", True, "BOOL"),
+            _tensor("return_num_output_tokens", True, "BOOL"),
+        ]
+        if logprobs:
+            inputs.append(_tensor("return_logprobs", True, "BOOL"))
+        done = asyncio.Event()
+
+        async def requests():
+            yield {"model_name": self.model, "inputs": inputs, "request_id": request_id}
+            await done.wait()  # keep our half of the stream open until the last response
+
+        call = self.client.stream_infer(requests())
+        finished = False
+        try:
+            async for result, error in call:
+                if error is not None:
+                    raise TritonError(error.message() if isinstance(error, InferenceServerException) else str(error))
+                piece = _piece(result)
+                if piece.finish_reason is not None:
+                    finished = True
+                yield piece
+                if finished:
+                    return
+            raise TritonError(f"the gRPC stream of {self.model} ended without a final response")
+        except grpc.aio.AioRpcError as e:
+            raise TritonError(f"StatusCode.{e.code().name}: {e.details()}") from None
+        except InferenceServerException as e:
+            raise TritonError(f"{e.status() or ''} {e.message()}".strip()) from None
+        finally:
+            done.set()
+            if not finished:
+                call.cancel()  # the client went away or the request failed: Triton cancels the request
+
+
+def _piece(result) -> Piece:
+    def first(name):
+        a = result.as_numpy(name)
+        return None if a is None or a.size == 0 else a.reshape(-1)[0]
+
+    text = first("text_output")
+    reason = first("finish_reason")
+    reason = reason.decode() if isinstance(reason, bytes) else reason
+    lp = first("logprobs")
+    entries = json.loads(lp) if lp is not None else None
+    n_in, n_out = first("num_input_tokens"), first("num_output_tokens")
+    return Piece(text=(text.decode("utf-8", "replace") if isinstance(text, bytes) else (text or "")),
+                 finish_reason=None if reason in (None, "None") else reason,
+                 num_input_tokens=int(n_in or 0), num_output_tokens=int(n_out or 0), logprobs=entries)
