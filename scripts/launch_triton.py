@@ -7,6 +7,10 @@ new requests UNAVAILABLE, requests in flight finish within --drain-grace seconds
 --no-supervise runs plain tritonserver (default model control, no drain: the signal goes straight to
 tritonserver). The watchdog, the server's environment and the clean stop are
 paddle_llm_triton.launcher's (see its server.py).
+
+The OpenAI API frontend (`python -m paddle_llm_openai`, launcher/frontend.py) runs beside it on
+--openai-port (scripts/serve.sh: OPENAI_PORT, default 9000; 0 or absent: none): restarted if it dies; on a stop signal it
+drains first (ready false, new requests 503, its requests in flight finish) while Triton drains.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from pathlib import Path
 
 from paddle_llm_triton.launcher import DEFAULT_BACKEND_DIR, MODEL_DIR_ENV, REPO_ROOT, start_server
 from paddle_llm_triton.launcher import free_port, server_env  # noqa: F401  (callers that load this file)
+from paddle_llm_triton.launcher.frontend import start_frontend
 from paddle_llm_triton.launcher.shutdown import clean_despite_exit_code
 
 
@@ -43,6 +48,11 @@ def main(argv=None) -> int:
                     help="seconds the requests in flight get to finish after SIGTERM (default 30)")
     ap.add_argument("--ready-timeout", type=float, default=0,
                     help="give up (and stop the server) if not ready after this many seconds; 0 = wait")
+    ap.add_argument("--openai-port", type=int, default=int(env.get("OPENAI_PORT", 0)),
+                    help="port of the OpenAI API frontend started beside tritonserver (default 0: none; "
+                         "scripts/serve.sh passes OPENAI_PORT, default 9000)")
+    ap.add_argument("--served-model-name", nargs="+", default=env.get("SERVED_MODEL_NAME", "").split() or None,
+                    help="model names the OpenAI frontend serves (default: the model folder's name and llm)")
     ap.add_argument("extra", nargs="*", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
@@ -62,6 +72,13 @@ def main(argv=None) -> int:
                           log=lambda line: print(line, flush=True))
     print(f"launch_triton: tritonserver pid {server.pid}, model repository {Path(args.model_repo).resolve()}, "
           f"{MODEL_DIR_ENV}={Path(args.model_dir).resolve()}", flush=True)
+    frontend = None
+    if args.openai_port:
+        frontend = start_frontend(args.grpc_port, args.metrics_port, args.openai_port, args.model_dir,
+                                  served_model_names=args.served_model_name, drain_grace=args.drain_grace,
+                                  log=lambda line: print(line, flush=True))
+        print(f"launch_triton: OpenAI frontend pid {frontend.pid} on {frontend.url}", flush=True)
+    openai_note = f", openai {frontend.url}" if frontend is not None else ""
 
     ready_reported = False
     drained = None  # the drain's summary (launcher/shutdown.py)
@@ -70,7 +87,7 @@ def main(argv=None) -> int:
         if not ready_reported and server.is_ready():
             server.ready_after = time.monotonic() - server.started_at
             print(f"launch_triton: ready in {server.ready_after:.2f} s: http 127.0.0.1:{args.http_port}, "
-                  f"grpc 127.0.0.1:{args.grpc_port}, metrics 127.0.0.1:{args.metrics_port}", flush=True)
+                  f"grpc 127.0.0.1:{args.grpc_port}, metrics 127.0.0.1:{args.metrics_port}{openai_note}", flush=True)
             ready_reported = True
             server.remember_stubs()
             if server.supervisor is not None:
@@ -79,14 +96,23 @@ def main(argv=None) -> int:
               and time.monotonic() - server.started_at > args.ready_timeout):
             print(f"launch_triton: not ready after {args.ready_timeout:.0f} s, stopping", flush=True)
             server.stop()
+            if frontend is not None:
+                frontend.stop(10)
             return 1
+        if frontend is not None:
+            frontend.poll_restart()
         time.sleep(0.1 if not ready_reported else 0.5)
 
     if stop_signal:
         print(f"launch_triton: signal {signal.Signals(stop_signal[0]).name}, stopping tritonserver "
               f"(watchdog {args.kill_after:.0f} s)", flush=True)
+        if frontend is not None:
+            frontend.terminate()  # drains beside Triton: its streams finish, new requests 503
         if server.supervisor is not None and ready_reported and server.running():
             drained = server.drain(args.drain_grace, log=lambda line: print(line, flush=True))
+    if frontend is not None:
+        fcode = frontend.stop(args.drain_grace + 5)
+        print(f"launch_triton: OpenAI frontend exited with code {fcode}", flush=True)
     code = server.stop()
     if server.killed:
         print("launch_triton: tritonserver did not exit in time: killed it and its stubs", flush=True)

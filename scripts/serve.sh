@@ -5,6 +5,9 @@
 #   MODEL_REPO    model repository (default model_repository)
 #   MODEL_DIR     model folder for the llm model (default build/SmolLM2-135M-Instruct)
 #   HTTP_PORT / GRPC_PORT / METRICS_PORT   (8000 / 8001 / 8002), all bound to 127.0.0.1
+#   OPENAI_PORT   the OpenAI API frontend beside tritonserver (default 9000; 0: none), 127.0.0.1 too
+#   SERVED_MODEL_NAME   names the OpenAI frontend serves, space-separated (default: the model folder's
+#                 name and llm)
 #   TRITON_KILL_AFTER   watchdog seconds after SIGTERM before a SIGKILL (default 15)
 #   DRAIN_GRACE_S       seconds the requests in flight get to finish after Ctrl-C / SIGTERM (default 30)
 #
@@ -42,6 +45,7 @@ exec "$PY" "$ROOT/scripts/launch_triton.py" \
   --http-port "${HTTP_PORT:-8000}" \
   --grpc-port "${GRPC_PORT:-8001}" \
   --metrics-port "${METRICS_PORT:-8002}" \
+  --openai-port "${OPENAI_PORT:-9000}" \
   --exit-timeout-secs 5 \
   --kill-after "${TRITON_KILL_AFTER:-15}" \
   --drain-grace "${DRAIN_GRACE_S:-30}" \

@@ -1,8 +1,8 @@
 """The FastAPI application: routes, error handlers, the request accounting middleware.
 
 `Frontend` holds what the routes share: the gRPC client of `llm` (made in the app's lifespan, on
-its event loop), the served model names, the chat renderer (loaded once, on first use), the model
-type (config.json, for the tool parser), the metrics and the drain state.
+its event loop), the served model names, the chat renderer (chat_template.ChatRenderer, loaded at
+start-up off the event loop; it also picks the tool parser), the metrics and the drain state.
 
 Disconnects: a streamed response is cancelled by Starlette when the client goes away (its
 generator's `finally` cancels the gRPC calls); a non-streamed request runs beside a watcher of the
@@ -14,11 +14,9 @@ in flight go on.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from contextlib import asynccontextmanager
-from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -49,12 +47,6 @@ class Frontend:
         self.draining = False
         self.in_flight = 0
         self._renderer = None
-        self.model_type = ""
-        if tokenizer:
-            try:
-                self.model_type = json.loads((Path(tokenizer) / "config.json").read_text()).get("model_type", "")
-            except (OSError, ValueError):
-                self.model_type = ""
 
     @property
     def renderer(self):
@@ -140,6 +132,8 @@ def build_app(fe: Frontend) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_app):
         fe.llm = TritonLLM(fe.tritonserver_url, fe.model)
+        if fe.tokenizer:
+            await asyncio.to_thread(lambda: fe.renderer)  # the tokenizer loads once, before requests
         try:
             yield
         finally:

@@ -24,27 +24,27 @@ from paddle_llm_openai.triton_client import TritonError
 
 
 def _render(fe, req: ChatCompletionRequest):
-    """(prompt, tool parser or None, guided-decoding entries or None, the parameter they come from)."""
+    """(prompt, tool parser or None, guided-decoding entries forcing a call or None). 400s name the
+    parameter (tools.ToolsError, chat_template.ChatTemplateError)."""
     from paddle_llm_openai import tools as tools_mod
     from paddle_llm_openai.chat_template import ChatTemplateError
 
     if not req.messages:
         raise bad_param("messages", "must not be empty")
-    use_tools = bool(req.tools) and req.tool_choice != "none"
-    if req.tool_choice not in (None, "none", "auto") and not req.tools:
-        raise bad_param("tool_choice", "needs `tools`")
+    renderer = fe.renderer
     parser, guide = None, None
-    if use_tools:
-        try:
-            parser = tools_mod.tool_parser_for(fe.model_type)
-            guide = tools_mod.guide_for(req.tools, req.tool_choice or "auto", parser)
-        except tools_mod.ToolsError as e:
-            raise bad_param(e.param, e.msg if hasattr(e, "msg") else str(e)) from None
     try:
-        prompt = fe.renderer.render(req.messages, req.tools if use_tools else None,
-                                    bool(req.add_generation_prompt), req.chat_template_kwargs)
+        tools, choice = tools_mod.check_tools(req.tools, req.tool_choice)
+        if tools and choice != "none":
+            parser = renderer.tool_parser
+            guide = tools_mod.guide_for(tools, req.tool_choice, parser)
+    except tools_mod.ToolsError as e:
+        raise bad_param(e.param, e.message) from None
+    try:
+        prompt = renderer.render(req.messages, tools if parser is not None else None,
+                                 bool(req.add_generation_prompt), req.chat_template_kwargs)
     except ChatTemplateError as e:
-        raise bad_param("messages", str(e)) from None
+        raise bad_param(e.param, e.message) from None
     return prompt, parser, guide
 
 

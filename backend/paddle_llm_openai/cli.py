@@ -78,6 +78,7 @@ def served_names(args) -> list[str]:
 def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s openai %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per /metrics scrape otherwise
     metrics_url = args.triton_metrics_url
     if metrics_url is None:
         host = args.tritonserver_url.rsplit(":", 1)[0]

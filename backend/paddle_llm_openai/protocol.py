@@ -71,7 +71,7 @@ class ChatCompletionRequest(_Common):
     logprobs: Optional[bool] = False
     top_logprobs: Optional[int] = None
     tools: Optional[List[Dict[str, Any]]] = None
-    tool_choice: Optional[Union[Literal["none", "auto", "required"], Dict[str, Any]]] = None
+    tool_choice: Optional[Union[str, Dict[str, Any]]] = None  # checked by tools.check_tools
     parallel_tool_calls: Optional[bool] = None
     add_generation_prompt: Optional[bool] = True
     chat_template_kwargs: Optional[Dict[str, Any]] = None

@@ -85,8 +85,9 @@ class OpenAIFrontend:
         raise TimeoutError(f"the OpenAI frontend was not ready after {timeout:.0f} s{self._hint()}")
 
     def poll_restart(self) -> bool:
-        """Restart the process if it died (not while stopping; at most once a second). True if restarted."""
-        if self._stopping or self.running() or time.monotonic() - self._last_start < 1.0:
+        """Restart the process if it died (not while stopping; 1 s after its start, doubling with each
+        restart up to 60 s, so a port in use does not spin). True if restarted."""
+        if self._stopping or self.running() or time.monotonic() - self._last_start < min(60.0, 2.0 ** self.restarts):
             return False
         code = self.proc.returncode
         self.restarts += 1
