@@ -1,8 +1,10 @@
-"""Side-by-side benchmark: our engine (offline, through Triton `llm`, through Triton `ensemble`) and its
-peers (HF transformers, llama.cpp's server on F32 and Q8_0 GGUFs of the same weights), one command:
+"""Side-by-side benchmark: our engine (offline, through Triton `llm`, through Triton `ensemble`, through
+the OpenAI frontend) and its peers (HF transformers, llama.cpp's server on F32 and Q8_0 GGUFs of the
+same weights), one command:
 
     .venv/bin/python benchmarks/compare.py [--quick] [--concurrency 1,8,32] [--max-tokens 128]
-        [--requests-per-stream 1] [--threads 2] [--systems offline,llm,ensemble,hf,llamacpp-f32,llamacpp-q8_0]
+        [--requests-per-stream 1] [--threads 2]
+        [--systems offline,llm,ensemble,openai,hf,llamacpp-f32,llamacpp-q8_0]
         [--quantization wint8] [--engine-kwargs '{"kernels": "composed"}'] [--duration 900] [--out-dir build/bench]
 
 --quick: 16 tokens at 1 and 2 streams, 60 s cap per level (a check that every system runs, not a
@@ -13,13 +15,18 @@ build/peer-venv); only the load clients run in this process, against loopback po
 
 Workload (the same for every system): the chat-formatted questions of benchmarks/bench_engine.py,
 request i asking question i mod 32, greedy, exactly --max-tokens tokens per request with EOS ignored
-(ours offline and `llm`: ignore_eos; `ensemble`: min_tokens = max_tokens, the TensorRT-LLM names having
-no ignore_eos; HF: eos_token_id None; llama.cpp: ignore_eos). At each concurrency C, C streams each send
+(ours offline, `llm` and the OpenAI frontend: ignore_eos; `ensemble`: min_tokens = max_tokens, the
+TensorRT-LLM names having no ignore_eos; HF: eos_token_id None; llama.cpp: ignore_eos). At each concurrency C, C streams each send
 --requests-per-stream requests one after another (offline: C requests in flight in one LLMEngine,
 refilled as they finish; HF: static batches of C, run back to back). Before each level C warm-up
 requests of 4 tokens run on a question that is not measured. Prompt tokens: the offline engine,
 HF and llama.cpp get the same token ids (the tokenizer's chat template); `llm` gets the same text
-in ChatML (checked to tokenize to the same ids) and `ensemble` the question with apply_chat_template.
+in ChatML (checked to tokenize to the same ids) and `ensemble` the question with apply_chat_template;
+"ours OpenAI" (paddle_llm_openai, started beside the same tritonserver as `make serve` starts it) gets
+the same ChatML text as `llm` on POST /v1/completions, streamed (SSE, stream_options.include_usage),
+so its engine work is exactly `llm`'s and the ratio OpenAI / llm is the frontend's overhead (issue 18
+asks >= 0.95x at 1 / 8 / 32 streams). The Triton systems run on one tritonserver, level by level
+(at each concurrency: llm, ensemble, OpenAI), so a drifting machine load hits them alike.
 llama.cpp runs with cache_prompt off: our prefix cache reuses only whole 64-token blocks, which these
 ~40-token prompts never fill, so neither side reuses the shared system prompt.
 
@@ -30,8 +37,9 @@ of requests and a time cap (--duration; requests still running at the cap are cu
 every child process has a timeout.
 
 Measured, the same way for every system (client_examples/load_generator.py's summarize_records, fed
-with per-token arrival times: gRPC responses, llama.cpp SSE events, our engine's step ends, HF's step
-clock):
+with per-token arrival times: gRPC responses, llama.cpp and OpenAI SSE events, our engine's step
+ends, HF's step clock; an OpenAI chunk counts one token, the last one whatever remains of the usage's
+completion_tokens):
 - decode tok/s (aggregate): tokens after each request's first / the time during which at least one
   request was between its first and its last token;
 - TTFT: send -> first token; ITL: per-token gaps after the first; p50 / p90 / p99 over all requests;
@@ -76,10 +84,12 @@ PLOT_PINS = ["matplotlib==3.11.2"]  # only when .venv has no matplotlib
 WARMUP_QUESTION = "Say hello in one word."
 WARMUP_TOKENS = 4
 
-SYSTEMS = ("offline", "llm", "ensemble", "hf", "llamacpp-f32", "llamacpp-q8_0")
-OURS = ("offline", "llm", "ensemble")
+SYSTEMS = ("offline", "llm", "ensemble", "openai", "hf", "llamacpp-f32", "llamacpp-q8_0")
+OURS = ("offline", "llm", "ensemble", "openai")
+TRITON = ("llm", "ensemble", "openai")  # run on one tritonserver (openai: the frontend beside it)
 LABELS = {"offline": "ours offline", "llm": "ours Triton llm", "ensemble": "ours Triton ensemble",
-          "hf": "HF transformers", "llamacpp-f32": "llama.cpp F32", "llamacpp-q8_0": "llama.cpp Q8_0"}
+          "openai": "ours OpenAI", "hf": "HF transformers", "llamacpp-f32": "llama.cpp F32",
+          "llamacpp-q8_0": "llama.cpp Q8_0"}
 
 
 # --------------------------------------------------------------------------- sibling modules
@@ -377,25 +387,50 @@ def bench_model_repository(ctx) -> Path:
 
 
 def run_triton(ctx, models: list[str]) -> dict:
-    """One tritonserver for both models; the levels of `llm`, then those of `ensemble`."""
+    """One tritonserver for `llm`, `ensemble` and the OpenAI frontend (started beside it when "openai" is
+    in models); level by level: at each concurrency the models in TRITON order."""
     a = ctx.args
     lg = load_generator()
     la = launcher()
     ports: list[int] = []
-    while len(ports) < 3:
+    while len(ports) < 4:
         p = la.free_port()
         if p not in ports:
             ports.append(p)
     log_path = ctx.out_dir / "tritonserver.log"
     repo = bench_model_repository(ctx)
-    server = la.start_server(repo, *ports, model_dir=a.model_dir, log_path=log_path, env=child_env(a.threads))
-    results = {}
+    server = la.start_server(repo, *ports[:3], model_dir=a.model_dir, log_path=log_path, env=child_env(a.threads))
+    frontend = None
+    levels: dict[str, dict] = {m: {} for m in models}
+    info = {}
     try:
         ready = server.wait_ready(timeout=300)
         log(f"tritonserver ready after {ready:.1f} s (log {log_path})")
-        for model in models:
-            levels = {}
-            for c in a.concurrency:
+        for m in models:
+            info[m] = f"tritonserver (ready after {ready:.1f} s), gRPC streaming"
+        if "openai" in models:
+            from paddle_llm_triton.launcher.frontend import start_frontend
+
+            frontend = start_frontend(ports[1], ports[2], ports[3], a.model_dir, log_path=ctx.out_dir / "openai_frontend.log",
+                                      drain_grace=5.0, log=log)
+            fe_ready = frontend.wait_ready(120)
+            log(f"OpenAI frontend ready after {fe_ready:.1f} s at {frontend.url}")
+            info["openai"] = (f"paddle_llm_openai at {frontend.url} in front of the same tritonserver, POST /v1/completions "
+                              f"streamed (SSE), the `llm` ChatML text")
+        for c in a.concurrency:
+            for model in [m for m in TRITON if m in models]:
+                if model == "openai":
+                    chat = [lg.chatml(q) for q in ctx.questions]
+                    openai_load(frontend.base, [lg.chatml(WARMUP_QUESTION)], c, c, WARMUP_TOKENS, a.duration)
+                    log(f"{LABELS[model]}: {c} stream(s)")
+                    raw, t0, t_end = openai_load(frontend.base, chat, c, c * a.requests_per_stream, a.max_tokens,
+                                                 a.duration)
+                    raw.sort(key=lambda x: x[0])
+                    recs = [make_record(i, r["sent"], r["times"], r["tokens"], r["final"], r["error"], r["cut"])
+                            for i, r in raw]
+                    levels[model][c] = summarize(recs, t0, t_end)
+                    print_level_progress(model, c, levels[model][c])
+                    continue
                 base = dict(url=server.grpc_url, model=model, max_tokens=a.max_tokens, temperature=0.0, top_p=1.0,
                             seed=None, warmup=0, timeout=a.duration, ignore_eos=model == "llm",
                             min_tokens=a.max_tokens if model == "ensemble" else 0)
@@ -406,13 +441,14 @@ def run_triton(ctx, models: list[str]) -> dict:
                 run = argparse.Namespace(**base, concurrency=c, requests=c * a.requests_per_stream,
                                          duration=a.duration, prompts=ctx.questions)
                 log(f"{LABELS[model]}: {c} stream(s)")
-                levels[c] = lg.run_load(run)
-                print_level_progress(model, c, levels[c])
-            results[model] = {"levels": levels, "info": f"tritonserver (ready after {ready:.1f} s), gRPC streaming"}
+                levels[model][c] = lg.run_load(run)
+                print_level_progress(model, c, levels[model][c])
     finally:
+        if frontend is not None:
+            log(f"OpenAI frontend stopped (exit code {frontend.stop(15)})")
         code = server.stop()
         log(f"tritonserver stopped (exit code {code}{', killed by the watchdog' if server.killed else ''})")
-    return results
+    return {m: {"levels": levels[m], "info": info[m]} for m in models if levels[m]}
 
 
 def run_hf(ctx) -> dict:
@@ -535,9 +571,71 @@ def llamacpp_request(address: str, ids: list[int], max_tokens: int, timeout: flo
         conn.close()
 
 
-def llamacpp_load(address: str, prompts: list[list[int]], concurrency: int, requests: int, max_tokens: int,
-                  duration: float) -> tuple[list, float, float]:
-    """`concurrency` client threads, each sending its requests one after another, `requests` in all."""
+def openai_request(base: str, prompt: str, max_tokens: int, timeout: float, deadline: float) -> dict:
+    """One streamed POST /v1/completions to the OpenAI frontend at `base` (http://host:port): greedy,
+    exactly max_tokens tokens (ignore_eos), usage in the last chunk. Per-chunk arrival times
+    (perf_counter); a chunk with text counts one token, the last one also whatever the usage's
+    completion_tokens says is left (a chunk can carry more than one token)."""
+    import http.client
+    from urllib.parse import urlparse
+
+    u = urlparse(base)
+    body = json.dumps({"model": "llm", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+                       "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}})
+    rec = {"sent": time.perf_counter(), "times": [], "tokens": [], "final": None, "ids": [], "error": None,
+           "cut": False}
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
+    usage = None
+    try:
+        conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            rec["error"] = f"HTTP {resp.status}: {resp.read(300)!r}"
+            return rec
+        while True:
+            if time.perf_counter() > deadline:
+                rec["cut"] = True
+                return rec
+            line = resp.readline()
+            if not line:
+                rec["error"] = "stream ended without data: [DONE]"
+                return rec
+            if not line.startswith(b"data: "):
+                continue
+            now = time.perf_counter()
+            if line.strip() == b"data: [DONE]":
+                rec["final"] = now
+                if usage is not None and rec["tokens"] and usage > sum(rec["tokens"]):
+                    rec["tokens"][-1] += usage - sum(rec["tokens"])
+                return rec
+            ev = json.loads(line[6:])
+            if "error" in ev:
+                rec["error"] = f"error event: {ev['error']}"
+                return rec
+            if ev.get("usage"):
+                usage = ev["usage"].get("completion_tokens")
+            if any(ch.get("text") for ch in ev.get("choices") or []):
+                rec["times"].append(now)
+                rec["tokens"].append(1)
+    except OSError as e:
+        rec["error"] = f"{type(e).__name__}: {e}"
+        return rec
+    finally:
+        conn.close()
+
+
+def openai_load(base: str, prompts: list[str], concurrency: int, requests: int, max_tokens: int,
+                duration: float) -> tuple[list, float, float]:
+    """llamacpp_load's client threads with openai_request."""
+    return llamacpp_load(base, prompts, concurrency, requests, max_tokens, duration, request_fn=openai_request)
+
+
+def llamacpp_load(address: str, prompts: list, concurrency: int, requests: int, max_tokens: int,
+                  duration: float, request_fn=None) -> tuple[list, float, float]:
+    """`concurrency` client threads, each sending its requests one after another, `requests` in all
+    (request_fn(address, prompt, max_tokens, timeout, deadline) -> record dict; llamacpp_request
+    by default)."""
+    request_fn = request_fn or llamacpp_request
     lock = threading.Lock()
     counter = {"next": 0}
     out: list[tuple[int, dict]] = []
@@ -551,7 +649,7 @@ def llamacpp_load(address: str, prompts: list[list[int]], concurrency: int, requ
                 if i >= requests:
                     return
                 counter["next"] += 1
-            r = llamacpp_request(address, prompts[i % len(prompts)], max_tokens, duration, deadline)
+            r = request_fn(address, prompts[i % len(prompts)], max_tokens, duration, deadline)
             with lock:
                 out.append((i, r))
             if r["cut"]:
@@ -668,6 +766,13 @@ def build_report(summary: dict) -> tuple[str, str]:
             for c in conc:
                 cells = [ratio(decode(res, o, c), decode(res, p, c)) if p != o else "-" for p in others]
                 lines.append(f"{label[o]:<24} {c:>7} " + " ".join(f"{x:>16}" for x in cells))
+    overhead = "openai" in systems and "llm" in systems
+    if overhead:
+        lines += ["", "OpenAI frontend overhead: decode tok/s of ours OpenAI / ours Triton llm (same text, same server; "
+                  "issue 18 asks >= 0.95x)"]
+        for c in conc:
+            lines.append(f"  {c:>3} stream(s): {fmt(decode(res, 'openai', c))} / {fmt(decode(res, 'llm', c))} = "
+                         f"{ratio(decode(res, 'openai', c), decode(res, 'llm', c))}")
     for line in summary.get("agreement", []):
         lines.append(line)
     lines.append("")
@@ -687,6 +792,7 @@ def build_report(summary: dict) -> tuple[str, str]:
               + (" | " if ours[:1] and peers else "")
               + " | ".join(f"{label[o]} / {label['offline']}" for o in ours if o != "offline" and "offline" in ours)
               + (" | " if len(ours) > 1 and "offline" in ours else "")
+              + (f"{label['openai']} / {label['llm']} | " if overhead else "")
               + (f"{label[ours[0]]} of the limit |" if ours else ""))
     ncols = md[-1].count("|") - 1
     md.append("|" + "---|" * ncols)
@@ -694,6 +800,8 @@ def build_report(summary: dict) -> tuple[str, str]:
         row = [str(c)] + [fmt(decode(res, s, c)) for s in cols]
         row += [ratio(decode(res, ours[0], c), decode(res, p, c)) for o in ours[:1] for p in peers]
         row += [ratio(decode(res, o, c), decode(res, "offline", c)) for o in ours if o != "offline" and "offline" in ours]
+        if overhead:
+            row.append(ratio(decode(res, "openai", c), decode(res, "llm", c)))
         if ours:
             ol = res[ours[0]]["levels"].get(c, {}).get("of_limit")
             row.append(f"{100 * ol:.0f}%" if ol else "-")
@@ -832,11 +940,11 @@ def main(argv=None) -> int:
                 notes[n] = f"{type(e).__name__}: {e}"
             log(f"{LABELS[name]} failed: {notes[name]}")
             return
-        for key, val in (out.items() if name in ("llm", "ensemble") and "levels" not in out else [(name, out)]):
+        for key, val in (out.items() if name in TRITON and "levels" not in out else [(name, out)]):
             val["seconds"] = time.monotonic() - t0
             results[key] = val
 
-    triton_models = [m for m in ("llm", "ensemble") if m in systems]
+    triton_models = [m for m in TRITON if m in systems]
     if "offline" in systems:
         attempt("offline", lambda: run_offline(ctx))
     if triton_models:
@@ -893,7 +1001,7 @@ def main(argv=None) -> int:
     (out_dir / "compare.md").write_text(md)
     (out_dir / "compare.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     print(text)
-    timed = {("llm+ensemble" if s in ("llm", "ensemble") and len(triton_models) == 2 else s): r["seconds"]
+    timed = {("+".join(triton_models) if s in triton_models and len(triton_models) > 1 else s): r["seconds"]
              for s, r in results.items() if "seconds" in r}
     per_system = ", ".join(f"{s} {sec:.0f} s" for s, sec in timed.items())
     print(f"\nwritten: {out_dir / 'compare.md'}, {out_dir / 'compare.png'}, {out_dir / 'compare.json'}; "
