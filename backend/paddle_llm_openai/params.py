@@ -38,11 +38,20 @@ REFUSED = {
 _NOOP = {"modalities": (["text"],)}
 # accepted and ignored (no effect here)
 IGNORED = ("user", "metadata", "store", "service_tier", "parallel_tool_calls", "prompt_cache_key",
-           "safety_identifier", "stream_options.include_obfuscation")
+           "safety_identifier", "stream_options.include_obfuscation", "stream_options.continuous_usage_stats",
+           "response_format.json_schema.strict")
+
+
+def check_stream_options(req) -> None:
+    """stream_options only with stream: true (OpenAI's rule)."""
+    if req.stream_options is not None and not req.stream:
+        raise bad_param("stream_options", "only allowed when stream is true")
 
 
 def check_refused(req) -> None:
-    """400 naming the first refused field that is set (null and no-op values pass)."""
+    """400 naming the first refused field that is set (null and no-op values pass); stream_options
+    without stream."""
+    check_stream_options(req)
     for name, why in REFUSED.items():
         v = getattr(req, name, None)
         if v is None or v in _NOOP.get(name, ()):
