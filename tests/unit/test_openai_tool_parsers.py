@@ -3,7 +3,8 @@ outputs (whole, and streamed split at every point and character by character, so
 a JSON string cut across deltas still parses to the same calls), the OpenAI delta shapes, tools /
 tool_choice checks, the guided-decoding grammar (run through llguidance with the SmolLM2 tokenizer:
 the right call is accepted, a wrong one is not) and the chat template rendering (SmolLM2's template
-and a Qwen-like template that reads `tools`). About 5 s."""
+and a Qwen-like template that reads `tools`). About 15 s (most of it loading paddleformers for the
+engine-side rendering)."""
 
 from __future__ import annotations
 
@@ -234,7 +235,7 @@ def smol(smollm2_dir):
     return ChatRenderer(smollm2_dir)
 
 
-def test_smollm2_template(smol, smollm2_dir):
+def test_smollm2_template(smol, smollm2_tokenizer):
     """The engine's own rendering (paddleformers) of the same messages, and text parts joined."""
     assert smol.model_type == "llama" and not smol.template_has_tools and smol.tool_parser.name == "hermes"
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
@@ -243,6 +244,8 @@ def test_smollm2_template(smol, smollm2_dir):
     want = ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
             "Hello<|im_end|>\n<|im_start|>user\n2+2?\nQuick.<|im_end|>\n<|im_start|>assistant\n")
     assert smol.render(msgs, None, True, None) == want
+    engine_msgs = msgs[:3] + [{"role": "user", "content": "2+2?\nQuick."}]
+    assert smollm2_tokenizer.apply_chat_template(engine_msgs, add_generation_prompt=True, tokenize=False) == want
     assert smol.render(msgs, None, False, None) == want[:-len("<|im_start|>assistant\n")]
     assert smol.render([{"role": "user", "content": "x"}]).startswith(
         "<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
