@@ -5,7 +5,8 @@ The default model's template has no tool support, so the frontend describes the 
 prompt in the Hermes `<tool_call>` format (chat_template.ChatRenderer). With "auto" a 135M model
 rarely calls a tool, so the calls are tested with tool_choice "required" and a named tool, where the
 guided-decoding grammar (tools.guide_for) forces one valid call: its arguments must satisfy the
-tool's JSON schema, streamed and not, with finish_reason "tool_calls". About 15 s with a warm server.
+tool's JSON schema, streamed and not, with finish_reason "tool_calls". About 40 s of requests on
+the soak-loaded host, plus the server start when this file runs alone.
 """
 
 from __future__ import annotations
