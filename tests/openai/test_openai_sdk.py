@@ -70,13 +70,14 @@ def test_completions_streamed_and_echo(openai_client, openai_server):
 
 def test_n2_with_seed_is_seed_plus_i(openai_client, openai_server):
     """n = 2 sends two llm requests, seeds seed and seed + 1: each choice is the n = 1 answer of its seed."""
-    kw = dict(model=openai_server.model, messages=USER, max_tokens=16, temperature=1.0)
+    kw = dict(model=openai_server.model, messages=USER, max_tokens=12, temperature=1.0)
     r = openai_client.chat.completions.create(n=2, seed=1234, **kw)
     assert [c.index for c in r.choices] == [0, 1]
-    one = [openai_client.chat.completions.create(seed=s, **kw).choices[0].message.content for s in (1234, 1235)]
+    singles = [openai_client.chat.completions.create(seed=s, **kw) for s in (1234, 1235)]
+    one = [x.choices[0].message.content for x in singles]
     assert [c.message.content for c in r.choices] == one
-    assert r.usage.completion_tokens == sum(
-        openai_client.chat.completions.create(seed=s, **kw).usage.completion_tokens for s in (1234, 1235))
+    assert r.usage.completion_tokens == sum(x.usage.completion_tokens for x in singles)
+    assert r.usage.prompt_tokens == singles[0].usage.prompt_tokens  # the prompt counts once
     chunks = list(openai_client.chat.completions.create(n=2, seed=1234, stream=True, **kw))
     for i in (0, 1):
         assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices[0].index == i) == one[i]
