@@ -16,6 +16,7 @@ drains first (ready false, new requests 503, its requests in flight finish) whil
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import signal
 import sys
@@ -73,7 +74,10 @@ def main(argv=None) -> int:
     print(f"launch_triton: tritonserver pid {server.pid}, model repository {Path(args.model_repo).resolve()}, "
           f"{MODEL_DIR_ENV}={Path(args.model_dir).resolve()}", flush=True)
     frontend = None
-    if args.openai_port:
+    if args.openai_port and importlib.util.find_spec("fastapi") is None:
+        print("launch_triton: OpenAI frontend not started: it needs Python >= 3.11 (fastapi, uvicorn; "
+              "scripts/setup.sh installs them there)", flush=True)
+    elif args.openai_port:
         frontend = start_frontend(args.grpc_port, args.metrics_port, args.openai_port, args.model_dir,
                                   served_model_names=args.served_model_name, drain_grace=args.drain_grace,
                                   log=lambda line: print(line, flush=True))
