@@ -44,29 +44,48 @@ def new_call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
 
 
+class JsonScanner:
+    """Finds where the JSON object / array opening at s[start] (`{` or `[`) ends, incrementally:
+    advance(s, upto) scans only what it has not seen, so a value that grows delta by delta costs
+    O(its length) in all. Brackets inside strings (with escapes) do not count."""
+
+    def __init__(self, start: int):
+        self.pos = start
+        self.depth = 0
+        self.in_str = self.esc = False
+        self.end: int | None = None
+
+    def advance(self, s: str, upto: int) -> int | None:
+        """Scan s[pos:upto]; the index just past the value once it closed, else None."""
+        if self.end is not None:
+            return self.end
+        depth, in_str, esc = self.depth, self.in_str, self.esc
+        for k in range(self.pos, upto):
+            c = s[k]
+            if in_str:
+                if esc:
+                    esc = False
+                elif c == "\\":
+                    esc = True
+                elif c == '"':
+                    in_str = False
+            elif c == '"':
+                in_str = True
+            elif c in "{[":
+                depth += 1
+            elif c in "}]":
+                depth -= 1
+                if depth == 0:
+                    self.end = k + 1
+                    return self.end
+        self.pos, self.depth, self.in_str, self.esc = max(self.pos, upto), depth, in_str, esc
+        return None
+
+
 def json_value_end(s: str, start: int) -> int | None:
     """Index just past the JSON object / array that opens at s[start] (`{` or `[`), or None when it
-    is not closed within s. Brackets inside strings (with escapes) do not count."""
-    depth = 0
-    in_str = esc = False
-    for k in range(start, len(s)):
-        c = s[k]
-        if in_str:
-            if esc:
-                esc = False
-            elif c == "\\":
-                esc = True
-            elif c == '"':
-                in_str = False
-        elif c == '"':
-            in_str = True
-        elif c in "{[":
-            depth += 1
-        elif c in "}]":
-            depth -= 1
-            if depth == 0:
-                return k + 1
-    return None
+    is not closed within s."""
+    return JsonScanner(start).advance(s, len(s))
 
 
 def partial_suffix(text: str, tag: str) -> int:
@@ -139,7 +158,8 @@ class StreamState:
         self.pending = ""         # content held back (trailing whitespace / partial marker)
         self.n_calls = 0          # calls started (the next call's index)
         self.after_call = False   # drop whitespace that follows a call
-        self.cur: dict | None = None  # the open call: {"named": bool, "sent": int args chars}
+        self.cur: dict | None = None  # the open call: named, index, sent (argument chars), a0 / scan
+        self.end_from = 0         # where the search for the open call's end tag resumes
         self.done = False
 
     def feed(self, delta_text: str) -> list[dict]:
@@ -169,9 +189,10 @@ class StreamState:
         """The open call (body from self.body): (end of its body, index after the call) or, when
         it is not closed yet, (end of the body safe to read, None)."""
         tag, text = self.p.end_tag, self.text
-        k = text.find(tag, self.body)
+        k = text.find(tag, max(self.body, self.end_from))
         if k >= 0:
             return k, k + len(tag)
+        self.end_from = max(self.body, len(text) - len(tag) + 1)
         return (len(text) if final else len(text) - partial_suffix(text[self.body:], tag)), None
 
     # --- internals ---
@@ -187,7 +208,8 @@ class StreamState:
                         self._flush_content(out)
                     return out
                 self.pending = ""  # whitespace / partial markers before a call are not content
-                self.body, self.cur = body, {"named": False, "sent": 0, "index": None}
+                self.body, self.end_from = body, body
+                self.cur = {"named": False, "sent": 0, "index": None, "a0": None, "scan": None}
             end, after = self._find_end(final)
             body_text = self.text[self.body:end]
             if after is None and not final:
@@ -236,7 +258,8 @@ class StreamState:
             out.append({"tool_calls": [{"index": self.cur["index"], "function": {"arguments": piece}}]})
 
     def _fast(self, body: str):
-        """(name, args start or None, args end or None) when the body opens name-first, else None."""
+        """(name, start of the arguments value or None) when the body opens name-first, else None;
+        the start only once it is known to be an object or array (streamable)."""
         m = _NAME_PREFIX.match(body)
         if not m:
             return None
@@ -246,18 +269,23 @@ class StreamState:
             return None
         a = _ARGS_PREFIX.match(body, m.end())
         if not a or a.end() >= len(body) or body[a.end()] not in "{[":
-            return name, None, None
-        return name, a.end(), json_value_end(body, a.end())
+            return name, None
+        return name, a.end()
 
     def _progress(self, body: str, out: list[dict]) -> None:
-        f = self._fast(body)
-        if f is None:
-            return
-        name, a0, a1 = f
-        if not self.cur["named"]:
-            self._start_call(name, out)
-        if a0 is not None:
-            self._args(body[a0 + self.cur["sent"]:a1 if a1 is not None else len(body)], out)
+        """Send what is new in the open call: its name once complete, then argument text."""
+        cur = self.cur
+        if cur["a0"] is None:
+            f = self._fast(body)
+            if f is None:
+                return
+            if not cur["named"]:
+                self._start_call(f[0], out)
+            if f[1] is None:
+                return
+            cur["a0"], cur["scan"] = f[1], JsonScanner(f[1])
+        a1 = cur["scan"].advance(body, len(body))
+        self._args(body[cur["a0"] + cur["sent"]:a1 if a1 is not None else len(body)], out)
 
     def _close(self, body: str, raw: str, out: list[dict]) -> bool:
         """The call's text is complete (closed, or the output ended): send what is left of it.

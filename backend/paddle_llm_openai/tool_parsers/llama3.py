@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from paddle_llm_openai.tool_parsers.base import StreamState, ToolParser, json_value_end
+from paddle_llm_openai.tool_parsers.base import JsonScanner, StreamState, ToolParser
 
 PYTHON_TAG = "<|python_tag|>"
 _SEP = re.compile(r"[\s;]*")
@@ -65,7 +65,10 @@ class Llama3Stream(StreamState):
         return len(text), None
 
     def _find_end(self, final: bool) -> tuple[int, int | None]:
-        k = json_value_end(self.text, self.body)
+        scan = self.cur.get("end_scan")
+        if scan is None:
+            scan = self.cur["end_scan"] = JsonScanner(self.body)
+        k = scan.advance(self.text, len(self.text))
         if k is not None:
             return k, k
         return len(self.text), None
