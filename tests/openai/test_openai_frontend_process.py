@@ -1,19 +1,28 @@
 """The frontend as a process (launcher/frontend.py, what `make serve` runs): drain on SIGTERM, restart
-after a crash, and 503 rather than a hang when Triton cannot be reached. Extra frontends against the
-session's Triton (a start is about 3 s: the tokenizer load), so the module takes about 20 s."""
+after a crash, and 503 rather than a hang when Triton cannot be reached (extra frontends against the
+session's Triton; a start is about 3 s: the tokenizer load); and `scripts/serve.sh` itself (what
+`make serve` runs after set-up) on free ports: its ready line names the OpenAI URL next to Triton's,
+a chat answer comes through, SIGTERM stops both with exit 0 (its own tritonserver: 15 s here)."""
 
 from __future__ import annotations
 
+import os
+import re
 import signal
+import subprocess
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
 from paddle_llm_triton import launcher
+from paddle_llm_triton.launcher import procs
 from paddle_llm_triton.launcher.frontend import start_frontend
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.e2e
 
@@ -99,5 +108,42 @@ def _up(h) -> bool:
     try:
         httpx.get(f"{h.base}/health", timeout=2)
         return True
+    except httpx.HTTPError:
+        return False
+
+
+def test_make_serve_prints_and_serves_the_openai_url(smollm2_dir, tmp_path):
+    http, grpc, metrics, oai = launcher.free_ports(4)
+    env = dict(os.environ, HTTP_PORT=str(http), GRPC_PORT=str(grpc), METRICS_PORT=str(metrics), OPENAI_PORT=str(oai),
+               MODEL_DIR=smollm2_dir, DRAIN_GRACE_S="10")
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(["bash", str(REPO_ROOT / "scripts" / "serve.sh")],
+                                env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                preexec_fn=procs.set_parent_death_signal)
+    try:
+        deadline = time.monotonic() + 240
+        url = f"http://127.0.0.1:{oai}/v1"
+        while not re.search(rf"ready in [0-9.]+ s: http 127.0.0.1:{http}, grpc 127.0.0.1:{grpc}, metrics "
+                            rf"127.0.0.1:{metrics}, openai {re.escape(url)}", log.read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        while not _ready(oai):
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=60)
+        r = client.chat.completions.create(model=Path(smollm2_dir).name, max_tokens=4, temperature=0,
+                                           messages=[{"role": "user", "content": "Hi"}])
+        assert r.usage.completion_tokens >= 1 and r.choices[0].message.content
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(60)
+    text = log.read_text()
+    assert code == 0 and "OpenAI frontend exited with code 0" in text, text[-3000:]
+
+
+def _ready(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health/ready", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
