@@ -129,6 +129,8 @@ def _param_of(loc) -> str | None:
 
 
 def build_app(fe: Frontend) -> FastAPI:
+    """The ASGI app of the frontend `fe`: OpenAI routes, health, metrics, and every error as an
+    OpenAI error body (errors.OpenAIError), wrapped in the per-request accounting."""
     @asynccontextmanager
     async def lifespan(_app):
         fe.llm = TritonLLM(fe.tritonserver_url, fe.model)
@@ -142,7 +144,13 @@ def build_app(fe: Frontend) -> FastAPI:
 
     app = FastAPI(title="paddle-llm OpenAI API", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.frontend = fe
+    _error_handlers(app)
+    _openai_routes(app, fe)
+    _health_routes(app, fe)
+    return _Accounting(app, fe)
 
+
+def _error_handlers(app: FastAPI) -> None:
     @app.exception_handler(OpenAIError)
     async def _openai_error(_req, e: OpenAIError):
         return e.response()
@@ -172,6 +180,8 @@ def build_app(fe: Frontend) -> FastAPI:
         log.exception("unexpected error")
         return OpenAIError(500, f"{type(e).__name__}: {e}", code="internal_error").response()
 
+
+def _openai_routes(app: FastAPI, fe: Frontend) -> None:
     @app.get("/v1/models")
     async def models():
         return ModelList(data=[ModelCard(id=n, created=fe.created) for n in fe.served_names]).model_dump()
@@ -200,6 +210,8 @@ def build_app(fe: Frontend) -> FastAPI:
     async def create_chat_completion(req: ChatCompletionRequest, request: Request):
         return await _serve(request, chat.create, req)
 
+
+def _health_routes(app: FastAPI, fe: Frontend) -> None:
     @app.get("/health")
     async def health():
         ok = fe.llm is not None and await fe.llm.is_live()
@@ -215,5 +227,3 @@ def build_app(fe: Frontend) -> FastAPI:
     @app.get("/metrics")
     async def metrics():
         return Response(await fe.metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
-
-    return _Accounting(app, fe)

@@ -19,7 +19,7 @@ from paddle_llm_openai import logprobs as lp
 from paddle_llm_openai import params
 from paddle_llm_openai.errors import bad_param, classify
 from paddle_llm_openai.protocol import ChatCompletionRequest
-from paddle_llm_openai.streaming import DONE, collect, merged, sse
+from paddle_llm_openai.streaming import collect, open_stream, relay, sse
 from paddle_llm_openai.triton_client import TritonError
 
 
@@ -94,14 +94,41 @@ async def create(fe, req: ChatCompletionRequest):
             "usage": params.usage(seqs[0].num_input_tokens, sum(s.num_output_tokens for s in seqs))}
 
 
+class _ChatPieces:
+    """Per piece of the merged stream, its chat.completion.chunk events: content (or tool-call deltas
+    through the tool parser's stream state), logprobs, and the finish chunk ("tool_calls" when the
+    sequence made a call). chunk(i, delta, finish=None, entries=None) -> bytes frames one event."""
+
+    def __init__(self, n: int, parser, chunk):
+        self.chunk = chunk
+        self.n_in, self.n_out = [0] * n, [0] * n
+        self.states = [parser.stream() if parser is not None else None for _ in range(n)]
+        self.called = [False] * n
+
+    def __call__(self, i: int, piece) -> list[bytes]:
+        self.n_in[i] = piece.num_input_tokens or self.n_in[i]
+        self.n_out[i] += piece.num_output_tokens
+        out, st = [], self.states[i]
+        if st is None:
+            if piece.text or piece.logprobs:
+                out.append(self.chunk(i, {"content": piece.text}, entries=piece.logprobs))
+        else:
+            deltas = st.feed(piece.text) if piece.text else []
+            if piece.finish_reason is not None:
+                deltas = deltas + st.finish()
+            for j, d in enumerate(deltas):
+                self.called[i] = self.called[i] or bool(d.get("tool_calls"))
+                out.append(self.chunk(i, d, entries=piece.logprobs if j == 0 else None))
+            if not deltas and piece.logprobs:
+                out.append(self.chunk(i, {}, entries=piece.logprobs))
+        if piece.finish_reason is not None:
+            out.append(self.chunk(i, {}, "tool_calls" if self.called[i] else piece.finish_reason))
+        return out
+
+
 async def _stream(req, gens, parser, names, rid, created, model, k) -> AsyncIterator[bytes]:
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    pieces = merged(gens)
-    try:
-        first = await pieces.__anext__()
-    except TritonError as e:
-        await pieces.aclose()
-        raise classify(str(e), names) from None
+    pieces, first = await open_stream(gens, names)
     n = len(gens)
 
     def chunk(i: int, delta: dict, finish=None, entries=None) -> bytes:
@@ -114,47 +141,19 @@ async def _stream(req, gens, parser, names, rid, created, model, k) -> AsyncIter
             c["usage"] = None
         return sse(c)
 
+    handle = _ChatPieces(n, parser, chunk)
+
+    def usage():
+        if not include_usage:
+            return None
+        return sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+                    "system_fingerprint": None, "choices": [],
+                    "usage": params.usage(handle.n_in[0], sum(handle.n_out))})
+
     async def events():
-        n_in, n_out = [0] * n, [0] * n
-        states = [parser.stream() if parser is not None else None for _ in range(n)]
-        called = [False] * n
-        try:
-            for i in range(n):
-                yield chunk(i, {"role": "assistant", "content": ""})
-            item = first
-            while True:
-                i, piece = item
-                n_in[i] = piece.num_input_tokens or n_in[i]
-                n_out[i] += piece.num_output_tokens
-                st = states[i]
-                if st is None:
-                    if piece.text or piece.logprobs:
-                        yield chunk(i, {"content": piece.text}, entries=piece.logprobs)
-                else:
-                    deltas = st.feed(piece.text) if piece.text else []
-                    if piece.finish_reason is not None:
-                        deltas = deltas + st.finish()
-                    for j, d in enumerate(deltas):
-                        called[i] = called[i] or bool(d.get("tool_calls"))
-                        yield chunk(i, d, entries=piece.logprobs if j == 0 else None)
-                    if not deltas and piece.logprobs:
-                        yield chunk(i, {}, entries=piece.logprobs)
-                if piece.finish_reason is not None:
-                    yield chunk(i, {}, "tool_calls" if called[i] else piece.finish_reason)
-                try:
-                    item = await pieces.__anext__()
-                except StopAsyncIteration:
-                    break
-        except TritonError as e:
-            yield sse(classify(str(e), names).body())
-            yield DONE
-            return
-        finally:
-            await pieces.aclose()
-        if include_usage:
-            yield sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-                       "system_fingerprint": None, "choices": [],
-                       "usage": params.usage(n_in[0], sum(n_out))})
-        yield DONE
+        for i in range(n):
+            yield chunk(i, {"role": "assistant", "content": ""})
+        async for event in relay(first, pieces, handle, names, usage):
+            yield event
 
     return events()

@@ -17,7 +17,7 @@ from paddle_llm_openai import logprobs as lp
 from paddle_llm_openai import params
 from paddle_llm_openai.errors import bad_param, classify
 from paddle_llm_openai.protocol import CompletionRequest
-from paddle_llm_openai.streaming import DONE, collect, merged, sse
+from paddle_llm_openai.streaming import collect, open_stream, relay, sse
 from paddle_llm_openai.triton_client import TritonError
 
 
@@ -69,12 +69,7 @@ async def create(fe, req: CompletionRequest):
 async def _stream(req, gens, prompts, n, names, rid, created, model) -> AsyncIterator[bytes]:
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     want_lp = req.logprobs is not None
-    pieces = merged(gens)
-    try:
-        first = await pieces.__anext__()
-    except TritonError as e:
-        await pieces.aclose()
-        raise classify(str(e), names) from None
+    pieces, first = await open_stream(gens, names)
 
     def chunk(k: int, text: str, finish, entries, offset) -> bytes:
         c = {"id": rid, "object": "text_completion", "created": created, "model": model,
@@ -85,38 +80,27 @@ async def _stream(req, gens, prompts, n, names, rid, created, model) -> AsyncIte
             c["usage"] = None
         return sse(c)
 
-    async def events():
-        n_in = [0] * len(gens)
-        n_out = [0] * len(gens)
-        offsets = [0] * len(gens)
-        echoed = [False] * len(gens)
-        try:
-            item = first
-            while item is not None:
-                k, piece = item
-                prefix = ""
-                if req.echo and not echoed[k]:
-                    prefix, echoed[k] = prompts[k // n], True
-                n_in[k] = piece.num_input_tokens or n_in[k]
-                n_out[k] += piece.num_output_tokens
-                offsets[k] += len(prefix)
-                if prefix or piece.text or piece.finish_reason or piece.logprobs:
-                    yield chunk(k, prefix + piece.text, piece.finish_reason, piece.logprobs, offsets[k])
-                offsets[k] += len(piece.text)
-                item = await pieces.__anext__()
-        except StopAsyncIteration:
-            pass
-        except TritonError as e:
-            yield sse(classify(str(e), names).body())
-            yield DONE
-            return
-        finally:
-            await pieces.aclose()
-        if include_usage:
-            prompt_tokens = sum(n_in[p * n] for p in range(len(prompts)))
-            yield sse({"id": rid, "object": "text_completion", "created": created, "model": model,
-                       "system_fingerprint": None, "choices": [], "usage": params.usage(prompt_tokens, sum(n_out))})
-        yield DONE
+    n_in, n_out = [0] * len(gens), [0] * len(gens)
+    offsets, echoed = [0] * len(gens), [False] * len(gens)
 
-    return events()
+    def handle(k: int, piece) -> list[bytes]:
+        prefix = ""
+        if req.echo and not echoed[k]:
+            prefix, echoed[k] = prompts[k // n], True
+        n_in[k] = piece.num_input_tokens or n_in[k]
+        n_out[k] += piece.num_output_tokens
+        offsets[k] += len(prefix)
+        out = []
+        if prefix or piece.text or piece.finish_reason or piece.logprobs:
+            out.append(chunk(k, prefix + piece.text, piece.finish_reason, piece.logprobs, offsets[k]))
+        offsets[k] += len(piece.text)
+        return out
 
+    def usage():
+        if not include_usage:
+            return None
+        prompt_tokens = sum(n_in[p * n] for p in range(len(prompts)))
+        return sse({"id": rid, "object": "text_completion", "created": created, "model": model,
+                    "system_fingerprint": None, "choices": [], "usage": params.usage(prompt_tokens, sum(n_out))})
+
+    return relay(first, pieces, handle, names, usage)

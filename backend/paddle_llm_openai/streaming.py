@@ -15,9 +15,10 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable, Iterable
 
-from paddle_llm_openai.triton_client import Piece
+from paddle_llm_openai.errors import classify
+from paddle_llm_openai.triton_client import Piece, TritonError
 
 DONE = b"data: [DONE]\n\n"
 _END = object()
@@ -25,6 +26,45 @@ _END = object()
 
 def sse(obj: dict) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n\n"
+
+
+async def open_stream(gens: list[AsyncIterator[Piece]], names: dict):
+    """(the merged pieces of gens, the first (index, Piece)), awaited before the response starts, so
+    that an error the first `llm` response reports is raised as its OpenAIError (errors.classify with
+    the request's parameter names) and answered with its own status."""
+    pieces = merged(gens)
+    try:
+        return pieces, await pieces.__anext__()
+    except TritonError as e:
+        await pieces.aclose()
+        raise classify(str(e), names) from None
+
+
+async def relay(first, pieces, handle: Callable[[int, Piece], Iterable[bytes]], names: dict,
+                usage: Callable[[], bytes | None]) -> AsyncIterator[bytes]:
+    """SSE bytes of a response stream after its first events: handle(index, piece) -> the events of
+    each piece (`first` included), then usage() (an event or None) and [DONE]. A Triton error after
+    the status line went out becomes one error event and [DONE]; `pieces` is closed in every case
+    (which cancels the sequences still running)."""
+    try:
+        item = first
+        while True:
+            for event in handle(*item):
+                yield event
+            try:
+                item = await pieces.__anext__()
+            except StopAsyncIteration:
+                break
+    except TritonError as e:
+        yield sse(classify(str(e), names).body())
+        yield DONE
+        return
+    finally:
+        await pieces.aclose()
+    tail = usage()
+    if tail is not None:
+        yield tail
+    yield DONE
 
 
 async def merged(gens: list[AsyncIterator[Piece]]) -> AsyncIterator[tuple[int, Piece]]:
