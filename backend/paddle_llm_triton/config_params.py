@@ -17,6 +17,9 @@ Serving-only parameters (not engine settings):
   many seconds marks the instance failed (health.py); 0 turns the watchdog off. Default 120: far
   above any step of a healthy engine (a whole 2048-token prefill of SmolLM2 takes ~1 s on 2 CPU
   cores), low enough that a stuck instance is replaced within minutes.
+- metrics_names: which metric name sets the instance exposes on :8002, "llm,vllm" (the default:
+  both), "llm" (the llm_* families) or "vllm" (vLLM's vllm:* names); anything else is an error
+  (metrics.py parse_name_sets).
 - fault_inject_after_steps: TESTS ONLY. N > 0 makes the engine step raise once N steps have run
   (fault_injection.py); 0 (the default) is off and nothing is installed.
 
@@ -35,6 +38,7 @@ from dataclasses import dataclass
 
 from paddle_llm_engine.config import DEPRECATED_ALIASES, EngineConfig
 from paddle_llm_triton.instances import instance_ordinal
+from paddle_llm_triton.metrics import NAME_SETS, parse_name_sets
 
 MODEL_DIR_ENV = "PADDLE_LLM_MODEL_DIR"
 
@@ -47,6 +51,7 @@ class ServingOptions:
     default_max_tokens: int = 0
     max_step_seconds: float = 120.0
     fault_inject_after_steps: int = 0
+    metrics_names: tuple[str, ...] = NAME_SETS
 
 
 SERVING_KEYS = {f.name for f in dataclasses.fields(ServingOptions)}
@@ -116,6 +121,9 @@ def serving_options(model_config: dict) -> ServingOptions:
         opts.max_step_seconds = _convert("max_step_seconds", "float", mss)
         if opts.max_step_seconds < 0:
             raise ValueError("config.pbtxt parameter max_step_seconds must be >= 0 (0 = watchdog off)")
+    names = raw.get("metrics_names", "")
+    if names.strip():
+        opts.metrics_names = parse_name_sets(names)
     fault = raw.get("fault_inject_after_steps", "").strip()
     if fault:
         opts.fault_inject_after_steps = _convert("fault_inject_after_steps", "int", fault)

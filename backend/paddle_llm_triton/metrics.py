@@ -12,6 +12,16 @@ Every request `llm` refuses (before or when the engine would queue it) counts on
 llm_requests_total{finish_reason="error"} and once in llm_requests_rejected_total{reason}; a request
 aborted at its deadline counts in llm_requests_total{finish_reason="abort"} and in
 llm_requests_timed_out_total.
+
+Two name sets (config.pbtxt parameter metrics_names, config_params.py; default both):
+- "llm": the llm_* families above;
+- "vllm": the same engine values under vLLM's names, types and histogram buckets (vLLM v1's
+  Prometheus logger, and Triton's vLLM backend), labelled model_name (the Triton model) and engine
+  (the Triton instance, so that instances in separate stub processes keep separate series):
+  VLLM_NAMES. They are created when the engine's configuration arrives (on_engine_config: the token
+  histograms' 1-2-5 buckets run up to max_model_len).
+Every value is computed once, on the metrics thread, and written to every enabled set through a
+_Fan: one source of truth, no second bookkeeping.
 """
 
 from __future__ import annotations
@@ -32,6 +42,78 @@ REJECT_REASONS = ("queue_full", "invalid", "not_serving", "draining", "internal"
 _LATENCY_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
 _TOKEN_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768]
 
+NAME_SETS = ("llm", "vllm")
+# vLLM's buckets (vllm/v1/metrics/loggers.py)
+VLLM_TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                     20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
+VLLM_ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                    20.0, 40.0, 80.0]
+VLLM_REQUEST_LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+                                120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+# name -> Prometheus type, exactly as exposed on :8002 (Triton 2.51 exposes a family under the name
+# it was registered with: counters are registered with their _total)
+VLLM_NAMES = {
+    "vllm:num_requests_running": "gauge",
+    "vllm:num_requests_waiting": "gauge",
+    "vllm:kv_cache_usage_perc": "gauge",
+    "vllm:gpu_cache_usage_perc": "gauge",
+    "vllm:cache_config_info": "gauge",
+    "vllm:prompt_tokens_total": "counter",
+    "vllm:generation_tokens_total": "counter",
+    "vllm:request_success_total": "counter",
+    "vllm:num_preemptions_total": "counter",
+    "vllm:prefix_cache_queries_total": "counter",
+    "vllm:prefix_cache_hits_total": "counter",
+    "vllm:time_to_first_token_seconds": "histogram",
+    "vllm:inter_token_latency_seconds": "histogram",
+    "vllm:time_per_output_token_seconds": "histogram",
+    "vllm:e2e_request_latency_seconds": "histogram",
+    "vllm:request_queue_time_seconds": "histogram",
+    "vllm:request_prompt_tokens": "histogram",
+    "vllm:request_generation_tokens": "histogram",
+}
+
+
+def build_1_2_5_buckets(max_value: int) -> list[int]:
+    """1, 2, 5, 10, 20, 50, ... up to max_value (vLLM's token-count buckets)."""
+    out, base = [], 1
+    while base <= max_value:
+        out.extend(v for v in (base, 2 * base, 5 * base) if v <= max_value)
+        base *= 10
+    return out or [1]
+
+
+def parse_name_sets(value: str) -> tuple[str, ...]:
+    """"llm,vllm" / "vllm" / "llm" (comma or ';' separated, any order) -> the name sets; ValueError
+    naming the bad value otherwise (at least one set: the metrics are how operators see the engine)."""
+    names = [x.strip().lower() for x in value.replace(";", ",").split(",") if x.strip()]
+    bad = [x for x in names if x not in NAME_SETS]
+    if bad or not names:
+        raise ValueError(f"config.pbtxt parameter metrics_names must list one or both of {', '.join(NAME_SETS)} "
+                         f"(comma separated), got {value!r}")
+    return tuple(n for n in NAME_SETS if n in names)
+
+
+class _Fan:
+    """One quantity written to the metric of every enabled name set (an empty fan does nothing)."""
+
+    __slots__ = ("metrics",)
+
+    def __init__(self, *metrics):
+        self.metrics = list(metrics)
+
+    def set(self, v) -> None:
+        for m in self.metrics:
+            m.set(v)
+
+    def increment(self, v) -> None:
+        for m in self.metrics:
+            m.increment(v)
+
+    def observe(self, v) -> None:
+        for m in self.metrics:
+            m.observe(v)
+
 
 class _ReqTimes:
     __slots__ = ("arrival", "first_token", "last_token", "seen_prompt")
@@ -44,14 +126,20 @@ class _ReqTimes:
 
 
 class LLMMetrics:
-    """Owns the metric families and the thread that updates them. All public methods enqueue."""
+    """Owns the metric families and the thread that updates them. All public methods enqueue.
 
-    def __init__(self, labels: dict[str, str], restarts_before: int = 0):
+    names: the name sets to expose (NAME_SETS; config.pbtxt metrics_names)."""
+
+    def __init__(self, labels: dict[str, str], restarts_before: int = 0, names=NAME_SETS):
         self.labels = dict(labels)
         self.restarts_before = restarts_before  # llm_engine_restarts (restarts.py)
+        self.names = tuple(names)
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._reqs: dict[str, _ReqTimes] = {}
         self._preemptions_seen = 0
+        self._prefix_seen = (0, 0)  # (queried, hit) prompt tokens already counted
+        self._prefix_counts = None  # () -> (queried, hit): the block manager's counters
+        self._cache_config: dict[str, str] | None = None
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="llm-metrics", daemon=True)
         self._thread.start()
@@ -63,6 +151,18 @@ class LLMMetrics:
 
     def on_state(self, stats: EngineStats) -> None:
         self._q.put(("state", stats))
+
+    def on_engine_config(self, max_model_len: int, block_size: int, num_blocks: int, enable_prefix_caching: bool,
+                         cache_dtype: str = "auto", prefix_counts=None) -> None:
+        """The engine's KV-cache configuration, once, before it serves: creates the vllm: families
+        (token buckets up to max_model_len; vllm:cache_config_info). prefix_counts: a callable
+        returning the engine's (prompt tokens looked up in the prefix cache, of which found) counters,
+        read on the metrics thread at each state update (vllm:prefix_cache_queries_total / _hits_total;
+        the same counters llm_prefix_cache_hit_ratio divides)."""
+        self._q.put(("engine_config", dict(max_model_len=int(max_model_len), block_size=int(block_size),
+                                           num_blocks=int(num_blocks), enable_prefix_caching=bool(enable_prefix_caching),
+                                           cache_dtype=str(cache_dtype)),
+                     prefix_counts))
 
     def on_engine_failed(self) -> None:
         """The engine stopped after a failure: llm_engine_healthy drops to 0."""
@@ -91,56 +191,75 @@ class LLMMetrics:
         ev.wait(timeout)
 
     # -- metrics thread --------------------------------------------------------------------------
+    def _family(self, name, desc, kind):
+        import triton_python_backend_utils as pb_utils
+
+        f = pb_utils.MetricFamily(name=name, description=desc, kind=kind)
+        self._families.append(f)  # a MetricFamily must outlive its Metric objects
+        return f
+
     def _create(self) -> None:
+        self._families = []
+        # every quantity shared by both name sets: a fan, filled by _create_llm and _create_vllm
+        F = _Fan
+        self.prompt_tokens, self.generation_tokens, self.preemptions = F(), F(), F()
+        self.requests = {r: F() for r in FINISH_REASONS}
+        self.running, self.waiting, self.kv_usage = F(), F(), F()
+        self.ttft, self.itl, self.e2e, self.queue_time, self.prompt_len, self.gen_len = F(), F(), F(), F(), F(), F()
+        self.prefix_queries, self.prefix_hits = F(), F()
+        # llm-only quantities (no vLLM name)
+        self.rejected = {r: F() for r in REJECT_REASONS}
+        self.timed_out, self.kv_used, self.kv_free, self.prefix_hit, self.healthy, self.restarts = (
+            F(), F(), F(), F(), F(), F())
+        if "llm" in self.names:
+            self._create_llm()
+
+    def _create_llm(self) -> None:
         import triton_python_backend_utils as pb_utils
 
         MF = pb_utils.MetricFamily
         lb = self.labels
-        self._families = []  # a MetricFamily must outlive its Metric objects
 
-        def family(name, desc, kind):
-            f = MF(name=name, description=desc, kind=kind)
-            self._families.append(f)
-            return f
+        def counter(fan, name, desc):
+            fan.metrics.append(self._family(name, desc, MF.COUNTER).Metric(labels=lb))
 
-        def counter(name, desc):
-            return family(name, desc, MF.COUNTER).Metric(labels=lb)
+        def gauge(fan, name, desc):
+            fan.metrics.append(self._family(name, desc, MF.GAUGE).Metric(labels=lb))
 
-        def gauge(name, desc):
-            return family(name, desc, MF.GAUGE).Metric(labels=lb)
+        def hist(fan, name, desc, buckets):
+            fan.metrics.append(self._family(name, desc, MF.HISTOGRAM).Metric(labels=lb, buckets=buckets))
 
-        def hist(name, desc, buckets):
-            return family(name, desc, MF.HISTOGRAM).Metric(labels=lb, buckets=buckets)
-
-        self.prompt_tokens = counter("llm_prompt_tokens_total", "Prompt tokens of requests that started generating")
-        self.generation_tokens = counter("llm_generation_tokens_total", "Generated tokens")
-        fam = family("llm_requests_total", "Finished requests by finish reason", MF.COUNTER)
-        self.requests = {r: fam.Metric(labels={**lb, "finish_reason": r}) for r in FINISH_REASONS}
-        self.preemptions = counter("llm_preemptions_total", "Sequences preempted (KV blocks freed, recomputed later)")
-        fam = family("llm_requests_rejected_total", "Requests refused before they were queued, by reason "
-                                                    "(also counted in llm_requests_total{finish_reason=\"error\"})",
-                     MF.COUNTER)
-        self.rejected = {r: fam.Metric(labels={**lb, "reason": r}) for r in REJECT_REASONS}
-        self.timed_out = counter("llm_requests_timed_out_total", "Requests aborted at their deadline (the "
-                                                                 "request's timeout or max_request_seconds)")
-        self.running = gauge("llm_num_requests_running", "Requests in the running batch")
-        self.waiting = gauge("llm_num_requests_waiting", "Requests waiting to be scheduled")
-        self.kv_used = gauge("llm_kv_cache_used_blocks", "KV blocks referenced by live sequences")
-        self.kv_free = gauge("llm_kv_cache_free_blocks", "KV blocks free (cached blocks no live sequence holds count as free)")
-        self.kv_usage = gauge("llm_kv_cache_usage_ratio", "Used KV blocks / all KV blocks")
-        self.prefix_hit = gauge("llm_prefix_cache_hit_ratio", "Prompt tokens served from the prefix cache / prompt tokens")
-        self.healthy = gauge("llm_engine_healthy", "1 while the instance's engine serves; 0 after an engine failure "
-                                                   "(Triton 2.51 keeps the model ready: alert on this)")
+        counter(self.prompt_tokens, "llm_prompt_tokens_total", "Prompt tokens of requests that started generating")
+        counter(self.generation_tokens, "llm_generation_tokens_total", "Generated tokens")
+        fam = self._family("llm_requests_total", "Finished requests by finish reason", MF.COUNTER)
+        for r in FINISH_REASONS:
+            self.requests[r].metrics.append(fam.Metric(labels={**lb, "finish_reason": r}))
+        counter(self.preemptions, "llm_preemptions_total", "Sequences preempted (KV blocks freed, recomputed later)")
+        fam = self._family("llm_requests_rejected_total", "Requests refused before they were queued, by reason "
+                                                          "(also counted in llm_requests_total{finish_reason=\"error\"})",
+                           MF.COUNTER)
+        for r in REJECT_REASONS:
+            self.rejected[r].metrics.append(fam.Metric(labels={**lb, "reason": r}))
+        counter(self.timed_out, "llm_requests_timed_out_total", "Requests aborted at their deadline (the "
+                                                                "request's timeout or max_request_seconds)")
+        gauge(self.running, "llm_num_requests_running", "Requests in the running batch")
+        gauge(self.waiting, "llm_num_requests_waiting", "Requests waiting to be scheduled")
+        gauge(self.kv_used, "llm_kv_cache_used_blocks", "KV blocks referenced by live sequences")
+        gauge(self.kv_free, "llm_kv_cache_free_blocks", "KV blocks free (cached blocks no live sequence holds count as free)")
+        gauge(self.kv_usage, "llm_kv_cache_usage_ratio", "Used KV blocks / all KV blocks")
+        gauge(self.prefix_hit, "llm_prefix_cache_hit_ratio", "Prompt tokens served from the prefix cache / prompt tokens")
+        gauge(self.healthy, "llm_engine_healthy", "1 while the instance's engine serves; 0 after an engine failure "
+                                                  "(Triton 2.51 keeps the model ready: alert on this)")
         # a gauge set to the supervisor's count: Triton keeps a metric series across a model's reload
         # (same name and labels), so a counter incremented at each start would add the counts up
-        self.restarts = gauge("llm_engine_restarts", "Times the launcher's supervisor reloaded this model after "
-                                                     "a failure, since the launcher started")
-        self.ttft = hist("llm_time_to_first_token_seconds", "Arrival to first generated token", _LATENCY_BUCKETS)
-        self.itl = hist("llm_inter_token_latency_seconds", "Time between generated tokens", _LATENCY_BUCKETS)
-        self.e2e = hist("llm_e2e_request_latency_seconds", "Arrival to finish", _LATENCY_BUCKETS)
-        self.queue_time = hist("llm_request_queue_time_seconds", "Arrival to first scheduled", _LATENCY_BUCKETS)
-        self.prompt_len = hist("llm_request_prompt_tokens", "Prompt length of finished requests", _TOKEN_BUCKETS)
-        self.gen_len = hist("llm_request_generation_tokens", "Generated tokens of finished requests", _TOKEN_BUCKETS)
+        gauge(self.restarts, "llm_engine_restarts", "Times the launcher's supervisor reloaded this model after "
+                                                    "a failure, since the launcher started")
+        hist(self.ttft, "llm_time_to_first_token_seconds", "Arrival to first generated token", _LATENCY_BUCKETS)
+        hist(self.itl, "llm_inter_token_latency_seconds", "Time between generated tokens", _LATENCY_BUCKETS)
+        hist(self.e2e, "llm_e2e_request_latency_seconds", "Arrival to finish", _LATENCY_BUCKETS)
+        hist(self.queue_time, "llm_request_queue_time_seconds", "Arrival to first scheduled", _LATENCY_BUCKETS)
+        hist(self.prompt_len, "llm_request_prompt_tokens", "Prompt length of finished requests", _TOKEN_BUCKETS)
+        hist(self.gen_len, "llm_request_generation_tokens", "Generated tokens of finished requests", _TOKEN_BUCKETS)
         for r in FINISH_REASONS:
             self.requests[r].increment(0)
         for r in REJECT_REASONS:
@@ -149,6 +268,61 @@ class LLMMetrics:
         self.kv_free.set(0)
         self.healthy.set(1)
         self.restarts.set(self.restarts_before)
+
+    def _create_vllm(self, cfg: dict) -> None:
+        """The vllm: families (VLLM_NAMES), appended to the fans the llm_ set already writes."""
+        import triton_python_backend_utils as pb_utils
+
+        MF = pb_utils.MetricFamily
+        lb = {"model_name": self.labels.get("model", ""), "engine": self.labels.get("instance", "0")}
+        made = []
+
+        def add(fan, name, desc, kind, labels=lb, buckets=None):
+            made.append(name)
+            fam = self._family(name, desc, kind)
+            m = fam.Metric(labels=labels) if buckets is None else fam.Metric(labels=labels, buckets=buckets)
+            fan.metrics.append(m)
+            return m
+
+        G, C, H = MF.GAUGE, MF.COUNTER, MF.HISTOGRAM
+        add(self.running, "vllm:num_requests_running", "Number of requests in model execution batches.", G)
+        add(self.waiting, "vllm:num_requests_waiting", "Number of requests waiting to be processed.", G)
+        add(self.kv_usage, "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", G)
+        add(self.kv_usage, "vllm:gpu_cache_usage_perc",
+            "KV-cache usage. 1 means 100 percent usage. DEPRECATED: use vllm:kv_cache_usage_perc.", G)
+        info = {**lb, "block_size": str(cfg["block_size"]), "num_gpu_blocks": str(cfg["num_blocks"]),
+                "enable_prefix_caching": str(cfg["enable_prefix_caching"]),
+                "cache_dtype": cfg.get("cache_dtype", "auto")}
+        add(_Fan(), "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", G, labels=info).set(1)
+        add(self.prompt_tokens, "vllm:prompt_tokens_total", "Number of prefill tokens processed.", C)
+        add(self.generation_tokens, "vllm:generation_tokens_total", "Number of generation tokens processed.", C)
+        fam = self._family("vllm:request_success_total", "Count of successfully processed requests.", C)
+        made.append("vllm:request_success_total")
+        for r in FINISH_REASONS:
+            m = fam.Metric(labels={**lb, "finished_reason": r})
+            m.increment(0)
+            self.requests[r].metrics.append(m)
+        add(self.preemptions, "vllm:num_preemptions_total", "Cumulative number of preemption from the engine.", C)
+        add(self.prefix_queries, "vllm:prefix_cache_queries_total",
+            "Prefix cache queries, in terms of number of queried tokens.", C).increment(0)
+        add(self.prefix_hits, "vllm:prefix_cache_hits_total",
+            "Prefix cache hits, in terms of number of cached tokens.", C).increment(0)
+        add(self.ttft, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", H,
+            buckets=VLLM_TTFT_BUCKETS)
+        add(self.itl, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", H,
+            buckets=VLLM_ITL_BUCKETS)
+        add(self.itl, "vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds. "
+            "DEPRECATED: use vllm:inter_token_latency_seconds.", H, buckets=VLLM_ITL_BUCKETS)
+        add(self.e2e, "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", H,
+            buckets=VLLM_REQUEST_LATENCY_BUCKETS)
+        add(self.queue_time, "vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
+            H, buckets=VLLM_REQUEST_LATENCY_BUCKETS)
+        token_buckets = build_1_2_5_buckets(cfg["max_model_len"])
+        add(self.prompt_len, "vllm:request_prompt_tokens", "Number of prefill tokens processed.", H,
+            buckets=token_buckets)
+        add(self.gen_len, "vllm:request_generation_tokens", "Number of generation tokens processed.", H,
+            buckets=token_buckets)
+        assert sorted(made) == sorted(VLLM_NAMES), set(made) ^ set(VLLM_NAMES)
 
     def _run(self) -> None:
         try:
@@ -172,25 +346,21 @@ class LLMMetrics:
         if kind == "output":
             self._output(item[1], item[2])
         elif kind == "state":
-            s: EngineStats = item[1]
-            if s.num_preemptions_total > self._preemptions_seen:
-                self.preemptions.increment(s.num_preemptions_total - self._preemptions_seen)
-                self._preemptions_seen = s.num_preemptions_total
-            self.running.set(s.running)
-            self.waiting.set(s.waiting)
-            self.kv_used.set(s.kv_used_blocks)
-            self.kv_free.set(s.kv_free_blocks)
-            self.kv_usage.set(s.kv_usage_ratio)
-            self.prefix_hit.set(s.prefix_cache_hit_ratio)
+            self._state(item[1])
+        elif kind == "engine_config":
+            self._cache_config, self._prefix_counts = item[1], item[2]
+            if "vllm" in self.names:
+                self._create_vllm(item[1])
         elif kind == "healthy":
             self.healthy.set(item[1])
         elif kind == "info":
+            if "llm" not in self.names:
+                return
             import triton_python_backend_utils as pb_utils
 
-            fam = pb_utils.MetricFamily(name="llm_engine_info", kind=pb_utils.MetricFamily.GAUGE,
-                                        description="1, labelled with the instance's device, dtypes, kernels, "
-                                                    "quantization, tensor_parallel_size and admission limits")
-            self._families.append(fam)
+            fam = self._family("llm_engine_info", "1, labelled with the instance's device, dtypes, kernels, "
+                                                  "quantization, tensor_parallel_size and admission limits",
+                               pb_utils.MetricFamily.GAUGE)
             self._info = fam.Metric(labels={**self.labels, **item[1]})
             self._info.set(1)
         elif kind == "rejected":
@@ -198,6 +368,25 @@ class LLMMetrics:
             self.rejected.get(item[1], self.rejected["internal"]).increment(1)
         elif kind == "flush":
             item[1].set()
+
+    def _state(self, s: EngineStats) -> None:
+        if s.num_preemptions_total > self._preemptions_seen:
+            self.preemptions.increment(s.num_preemptions_total - self._preemptions_seen)
+            self._preemptions_seen = s.num_preemptions_total
+        self.running.set(s.running)
+        self.waiting.set(s.waiting)
+        self.kv_used.set(s.kv_used_blocks)
+        self.kv_free.set(s.kv_free_blocks)
+        self.kv_usage.set(s.kv_usage_ratio)
+        self.prefix_hit.set(s.prefix_cache_hit_ratio)
+        if self._prefix_counts is not None:
+            queried, hit = self._prefix_counts()
+            q0, h0 = self._prefix_seen
+            if queried > q0:
+                self.prefix_queries.increment(queried - q0)
+            if hit > h0:
+                self.prefix_hits.increment(hit - h0)
+            self._prefix_seen = (max(queried, q0), max(hit, h0))
 
     def _output(self, out: RequestOutput, t: float) -> None:
         r = self._reqs.get(out.request_id)

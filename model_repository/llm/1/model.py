@@ -49,8 +49,13 @@ class TritonPythonModel:
         self.model_name = args["model_name"]
         log.info("llm instance %s: %s", self.instance, cfg)
         self.metrics = LLMMetrics({"model": args["model_name"], "version": str(args["model_version"]),
-                                   "instance": self.instance}, restarts_before=restart_count(args["model_name"]))
+                                   "instance": self.instance}, restarts_before=restart_count(args["model_name"]),
+                                  names=opts.metrics_names)
         self.engine = LLMEngine(cfg)
+        bm = self.engine.block_manager  # vllm: names; prefix-cache counters read on the metrics thread
+        self.metrics.on_engine_config(self.engine.config.max_model_len, bm.block_size, bm.num_blocks,
+                                      bm.enable_prefix_caching, self.engine.info()["kv_cache_dtype"],
+                                      prefix_counts=lambda: (bm.prefix_query_tokens, bm.prefix_hit_tokens))
         install_step_fault(self.engine, opts.fault_inject_after_steps)  # tests only; 0 = off
         self.default_max_tokens = opts.default_max_tokens  # 0: max_model_len - prompt tokens
         self.tokenizer = self.engine.tokenizer
