@@ -16,6 +16,33 @@ HISTOGRAMS = ["llm_time_to_first_token_seconds", "llm_inter_token_latency_second
               "llm_e2e_request_latency_seconds", "llm_request_queue_time_seconds",
               "llm_request_prompt_tokens", "llm_request_generation_tokens"]
 
+# vLLM's names (issue 19 section 1), with their Prometheus types, as the server must expose them; labels
+# model_name (the Triton model) and engine (the instance)
+VLLM = {"vllm:num_requests_running": "gauge", "vllm:num_requests_waiting": "gauge",
+        "vllm:kv_cache_usage_perc": "gauge", "vllm:gpu_cache_usage_perc": "gauge", "vllm:cache_config_info": "gauge",
+        "vllm:prompt_tokens_total": "counter", "vllm:generation_tokens_total": "counter",
+        "vllm:request_success_total": "counter", "vllm:num_preemptions_total": "counter",
+        "vllm:prefix_cache_queries_total": "counter", "vllm:prefix_cache_hits_total": "counter",
+        "vllm:time_to_first_token_seconds": "histogram", "vllm:inter_token_latency_seconds": "histogram",
+        "vllm:time_per_output_token_seconds": "histogram", "vllm:e2e_request_latency_seconds": "histogram",
+        "vllm:request_queue_time_seconds": "histogram", "vllm:request_prompt_tokens": "histogram",
+        "vllm:request_generation_tokens": "histogram"}
+VLLM_LABELS = {"model_name": "llm"}
+
+
+def vllm_value(m: Metrics, name: str, **labels) -> float:
+    return m.value(name, **VLLM_LABELS, **labels)
+
+
+def missing_vllm_families(m: Metrics) -> list[str]:
+    """vLLM-named families absent from the scrape, of another type, or without a model_name="llm" sample."""
+    missing = []
+    for name, kind in VLLM.items():
+        sfx = ("_bucket", "_sum", "_count") if kind == "histogram" else ("",)
+        if m.types.get(name) != kind or not all(m.find(name + x, **VLLM_LABELS) for x in sfx):
+            missing.append(f"{name} ({kind}; exposed as {m.types.get(name)})")
+    return missing
+
 
 def llm_value(m: Metrics, name: str, **labels) -> float:
     return m.value(name, **LABELS, **labels)

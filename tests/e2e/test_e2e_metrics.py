@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from clients import decode_str, ensemble_stream, llm_stream, scrape_metrics
-from metrics_util import (COUNTERS, GAUGES, HISTOGRAMS, has_llm_sample, is_idle, llm_value,
-                          missing_families, wait_for)
+from metrics_util import (COUNTERS, GAUGES, HISTOGRAMS, VLLM, has_llm_sample, is_idle, llm_value,
+                          missing_families, missing_vllm_families, vllm_value, wait_for)
 
 pytestmark = pytest.mark.e2e
 
@@ -22,6 +22,14 @@ def _snapshot(m):
     for h in HISTOGRAMS:
         snap[h + "_count"] = llm_value(m, h + "_count")
         snap[h + "_sum"] = llm_value(m, h + "_sum")
+    for name, kind in VLLM.items():  # the same values under vLLM's names
+        if kind == "histogram":
+            snap[name + "_count"] = vllm_value(m, name + "_count")
+            snap[name + "_sum"] = vllm_value(m, name + "_sum")
+        elif kind == "counter":
+            snap[name] = vllm_value(m, name)
+    for reason in ("stop", "length", "abort"):
+        snap[f"vllm_success_{reason}"] = vllm_value(m, "vllm:request_success_total", finished_reason=reason)
     return snap
 
 
@@ -38,6 +46,12 @@ def test_documented_families_present_with_labels(triton_server):
     for name in HISTOGRAMS:
         assert m.types.get(name) == "histogram", (name, m.types.get(name))
     assert m.find("llm_requests_total", model="llm", version="1", finish_reason="length")
+    # vLLM's names, exactly (counters end in _total as registered: Triton 2.51 appends nothing)
+    missing = missing_vllm_families(m)
+    assert not missing, f"vLLM-named families missing from {triton_server.metrics_url}: {missing}"
+    assert m.find("vllm:request_success_total", model_name="llm", engine="llm_0_0", finished_reason="length")
+    info = m.find("vllm:cache_config_info", model_name="llm")
+    assert len(info) == 1 and info[0][1] == 1 and info[0][0]["block_size"] == "64", info
 
 
 def test_values_consistent_with_one_request(triton_server):
@@ -56,9 +70,11 @@ def test_values_consistent_with_one_request(triton_server):
     assert n_out == 8
 
     after_m, _ = wait_for(murl, lambda m: _snapshot(m)["requests_length"] >= before["requests_length"] + 1
+                          and _snapshot(m)["vllm_success_length"] >= before["vllm_success_length"] + 1
                           and is_idle(m), timeout=10)
     after = _snapshot(after_m)
     d = {k: after[k] - before[k] for k in after}
+    _check_vllm_deltas(d, after_m, n_in, n_out)
     assert d["llm_prompt_tokens_total"] == n_in, d
     assert d["llm_generation_tokens_total"] == n_out, d
     assert d["requests_length"] == 1 and d["requests_stop"] == 0, d
@@ -79,6 +95,30 @@ def test_values_consistent_with_one_request(triton_server):
     assert llm_value(after_m, "llm_kv_cache_usage_ratio") == 0
     assert llm_value(after_m, "llm_kv_cache_free_blocks") == free_idle
     assert 0.0 <= llm_value(after_m, "llm_prefix_cache_hit_ratio") <= 1.0
+
+
+def _check_vllm_deltas(d: dict, after_m, n_in: int, n_out: int):
+    """One request with finish reason length, under vLLM's names: the llm_ values, the same."""
+    assert d["vllm:prompt_tokens_total"] == n_in, d
+    assert d["vllm:generation_tokens_total"] == n_out, d
+    assert d["vllm:request_success_total"] == 1 and d["vllm_success_length"] == 1, d
+    assert d["vllm_success_stop"] == 0 and d["vllm_success_abort"] == 0, d
+    assert d["vllm:num_preemptions_total"] == 0, d
+    assert d["vllm:prefix_cache_queries_total"] == n_in, d  # the prompt, looked up once
+    assert 0 <= d["vllm:prefix_cache_hits_total"] <= n_in, d
+    for h in ("vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds",
+              "vllm:request_queue_time_seconds", "vllm:request_prompt_tokens", "vllm:request_generation_tokens"):
+        assert d[h + "_count"] == 1, (h, d)
+    assert d["vllm:request_prompt_tokens_sum"] == n_in and d["vllm:request_generation_tokens_sum"] == n_out, d
+    for h in ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"):
+        assert d[h + "_count"] == d["llm_inter_token_latency_seconds_count"] >= 1, (h, d)
+    for a, b in (("vllm:time_to_first_token_seconds", "llm_time_to_first_token_seconds"),
+                 ("vllm:e2e_request_latency_seconds", "llm_e2e_request_latency_seconds"),
+                 ("vllm:request_queue_time_seconds", "llm_request_queue_time_seconds")):
+        assert d[a + "_sum"] == pytest.approx(d[b + "_sum"], rel=1e-6, abs=1e-9), (a, d)
+    for g in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+              "vllm:gpu_cache_usage_perc"):
+        assert vllm_value(after_m, g) == 0, g
 
 
 def test_stop_finish_reason_counted(triton_server):
