@@ -28,9 +28,10 @@ if sys=$(command -v prometheus) && works "$sys"; then echo "$sys"; exit 0; fi
 command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null \
   || { echo "install_prometheus: no prometheus binary and no apt-get / dpkg-deb (not Debian): install Prometheus >= 2.42 and set PROMETHEUS=/path/to/prometheus" >&2; exit 1; }
 
+mkdir -p "$ROOT/build"
 work=$(mktemp -d "$ROOT/build/.prometheus-deb.XXXXXX")
 trap 'rm -rf "$work"' EXIT
-chmod 755 "$work"   # apt's _apt sandbox user writes the download here
+# (as root apt warns that the download runs unsandboxed because _apt cannot write here: harmless)
 fetch() { (cd "$work" && timeout 300 apt-get download -q prometheus) >&2; }
 if ! fetch; then
   if [[ $(id -u) != 0 ]]; then
