@@ -206,14 +206,16 @@ def test_every_dashboard_query_has_data(prometheus, triton_server):
                for i in range(CLIENTS)]
     for t in threads:
         t.start()
-    time.sleep(LOAD_S / 2)
-    for _ in range(INVALID):
-        r = llm_stream(triton_server.grpc_url, "x", sampling_parameters='{"temperature": "hot"}', timeout=30)
-        assert r.error is not None, "a request with temperature 'hot' was not refused"
-    time.sleep(LOAD_S / 2)
-    stop.set()
-    for t in threads:
-        t.join(70)
+    try:
+        time.sleep(LOAD_S / 2)
+        for _ in range(INVALID):
+            r = llm_stream(triton_server.grpc_url, "x", sampling_parameters='{"temperature": "hot"}', timeout=30)
+            assert r.error is not None, "a request with temperature 'hot' was not refused"
+        time.sleep(LOAD_S / 2)
+    finally:  # the clients stop whatever happens: the server is shared with the other tests
+        stop.set()
+        for t in threads:
+            t.join(70)
     assert not errors, errors
     assert sum(counts) >= CLIENTS, f"only {sum(counts)} requests finished in {LOAD_S} s"
     time.sleep(2.5 * SCRAPE_S)  # the last scrape after the load
