@@ -73,6 +73,15 @@ def test_both_instances_serve_under_concurrent_load(server):
     assert all(v > 0 for v in grown.values()), f"requests finished per instance: {grown}"
     tokens = per_instance(after, "llm_generation_tokens_total")
     assert all(v > 0 for v in tokens.values()), tokens
+    # vLLM's names: one series per instance (label engine), the same values as the llm_ ones
+    for llm_name, vllm_name, labels in (("llm_requests_total", "vllm:request_success_total", {"finish_reason": "length"}),
+                                        ("llm_generation_tokens_total", "vllm:generation_tokens_total", {}),
+                                        ("llm_prompt_tokens_total", "vllm:prompt_tokens_total", {})):
+        vl = {k.replace("finish_reason", "finished_reason"): v for k, v in labels.items()}
+        per_engine = {inst: after.value(vllm_name, model_name="llm", engine=inst, **vl) for inst in INSTANCES}
+        assert per_engine == per_instance(after, llm_name, **labels), (vllm_name, per_engine)
+    info = {l["engine"]: l["num_gpu_blocks"] for l, _ in after.find("vllm:cache_config_info", model_name="llm")}
+    assert info == {inst: "64" for inst in INSTANCES}, info
 
 
 def test_ensemble_cancel_and_stop_reach_the_instance_that_runs_the_request(server):
