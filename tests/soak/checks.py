@@ -18,6 +18,7 @@ FAULT_WORDS = re.compile(
     r"not found|unload|reload|restart|shutting down|draining|exited|died|crash", re.I)
 UNREACHABLE = re.compile(r"Connection refused|failed to connect|RemoteDisconnected|Response ended prematurely|"
                          r"Connection reset|Socket closed|GOAWAY|Connection aborted|connection closed by the server", re.I)
+ENGINE_REPORTED = re.compile(r"^engine failure:|WorkerFailure|engine step failed", re.I)
 LIMIT_WORDS = ("max_num_waiting", "max_waiting_requests")
 # Triton 2.51's generate endpoints answer every error of a decoupled model with 400 (README "Limits and
 # deadlines"): an UNAVAILABLE refusal is 400 there with the refusal's own message, 503 on a Triton
@@ -96,7 +97,7 @@ def classify(o, wins: list[Window]) -> tuple[str, bool]:
         return "cancelled", True
     if overlapping:
         return _fault_kind(o, overlapping)
-    if UNREACHABLE.search(o.error or ""):
+    if UNREACHABLE.search(o.error or "") and not ENGINE_REPORTED.search(o.error or ""):
         return "server_unreachable", False
     return "unexpected_error", False
 
@@ -104,6 +105,10 @@ def classify(o, wins: list[Window]) -> tuple[str, bool]:
 def _fault_kind(o, wins) -> tuple[str, bool]:
     if any(w.anything for w in wins):
         return "restart", True
+    if ENGINE_REPORTED.search(o.error or ""):
+        # an error response the engine sent naming its failure; its text may quote a transport error of
+        # its own (a TP rank's gloo "Connection reset by peer"), which is not this client's connection
+        return "fault", True
     if UNREACHABLE.search(o.error or ""):
         # the server process is gone: a consequence when it went during the incident (a supervisor
         # restarting tritonserver after a stub died closes every connection), else a crash

@@ -62,6 +62,17 @@ def test_a_closed_connection_is_expected_only_when_tritonserver_exited_in_the_wi
     assert checks.classify(raw, [restarted]) == ("server_restart", True)
 
 
+def test_an_engine_failure_quoting_a_rank_transport_error_is_the_fault_not_a_closed_connection():
+    """Seen in a 2-hour soak: the surviving TP rank's gloo error reached the client inside the engine's
+    own error response; the server had not closed any connection."""
+    tp = checks.Window(11.0, 20.0, ["llm_tp2"], "SIGKILL of tp_worker:llm_tp2_0_0:1")
+    err = _o(model="llm_tp2", error="engine failure: WorkerFailure: tensor-parallel worker rank 0 (cpu) failed "
+                                    "(step): RuntimeError: [pair.cc:576] Read error [127.0.0.1]:41180: "
+                                    "Connection reset by peer")
+    assert checks.classify(err, [tp]) == ("fault", True)
+    assert checks.classify(err, []) == ("unexpected_error", False)  # outside a fault window: still unexpected
+
+
 class _Rec:
     def __init__(self):
         self.events = []

@@ -143,10 +143,25 @@ class TPExecutor:
                 pass
             self._fail(f"rank {r} (pid {p.pid}, {self.devices[r]}) {processes.status(p)} ({what})")
         if msg[0] == "error":
-            self._fail(f"rank {r} ({self.devices[r]}) failed ({what}): {msg[1]}")
+            self._fail(f"{self._dead_peer(r)}rank {r} ({self.devices[r]}) failed ({what}): {msg[1]}")
         if msg[0] != kind:
             self._fail(f"rank {r} sent {msg[0]!r} instead of {kind!r} ({what})")
         return msg
+
+    def _dead_peer(self, r: int, wait_s: float = 0.5) -> str:
+        """"rank q (pid, device) killed by SIGKILL; then " for a rank other than r that a signal ended
+        (waiting at most wait_s for one), else "". A rank whose collective failed because its peer
+        was killed reports first as often as not (gloo: "Connection reset by peer"): the killed rank
+        is the cause, so it is named first. A peer that exited by itself (after reporting its own
+        error) is not."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            for q, p in enumerate(self._procs):
+                if q != r and p.poll() is not None and p.returncode < 0:
+                    return f"rank {q} (pid {p.pid}, {self.devices[q]}) {processes.status(p)}; then "
+            if time.monotonic() >= deadline:
+                return ""
+            time.sleep(0.02)
 
     def _fail(self, reason: str):
         self.error = reason
