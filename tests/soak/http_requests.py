@@ -56,8 +56,10 @@ def generate(ctx, client: str, rng, model: str, guided: bool = False) -> Outcome
     resps, problems = [], []
     out.t_send = time.monotonic()
     try:
+        # its one response comes after the whole generation: only the request's time-out bounds it
+        # (a 2-hour soak saw 80-token guided requests take 23-30 s on a loaded host, judged stalls at 30 s)
         r = requests.post(f"{ctx.http_base()}/v2/models/{model}/generate", json=payload.http_json(),
-                          timeout=(5, ctx.stall_s))
+                          timeout=(5, ctx.timeout_s))
         out.http_status = r.status_code
         if r.status_code != 200:
             out.status, out.error = "error", f"HTTP {r.status_code}: {_error_body(r)}"
