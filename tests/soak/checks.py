@@ -27,7 +27,9 @@ HTTP_UNAVAILABLE = (400, 503)
 DRAIN_WORDS = re.compile(r"shutting down and takes no new requests", re.I)
 RECOVER_WITHIN_S = 30.0
 READY_LAG_S = 5.0       # a dead part must show in readiness within this
-PROBE_SLACK_S = 3.0     # readiness back this long before a probe succeeds is not "ready while down"
+# readiness 200 up to this long before a probe was sent that then succeeded is not "ready while down":
+# probes go out every second while an incident is open, and a failed one takes up to a second or two
+PROBE_SLACK_S = 3.0
 KV_BACK_WITHIN_S = 10.0
 REFUSE_WITHIN_S = 1.0
 DRAIN_READY_FALSE_S = 1.0
@@ -226,8 +228,11 @@ def _incident_checks(checks, inc, run, outs) -> None:
     if inc.ready_false_at is None or inc.ready_false_at - inc.t_open > READY_LAG_S:
         fails.append(f"readiness still 200 {READY_LAG_S:.0f} s after {label}"
                      + ("" if inc.ready_false_at is None else f" (false only after {inc.ready_false_at - inc.t_open:.1f} s)"))
-    # readiness may return a moment before the next probe proves the model serves again
-    early = [t for t in inc.ready_200_while_down if inc.recovered_at is None or t < inc.recovered_at - PROBE_SLACK_S]
+    # readiness may return a moment before the next probe proves the model serves again; the proof dates
+    # from when that probe was sent, not from its answer (under the backlog of clients that resume at
+    # once after a restart, a 1-token probe can take seconds to be answered by a model that took it)
+    serving_from = getattr(inc, "serving_from", None) or inc.recovered_at
+    early = [t for t in inc.ready_200_while_down if serving_from is None or t < serving_from - PROBE_SLACK_S]
     if early:
         a, b = early[0], early[-1]
         fails.append(f"/v2/health/ready and /v2/models/{inc.model}/ready answered 200 while {inc.model} was down "

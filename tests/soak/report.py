@@ -114,7 +114,7 @@ def write(run: dict, out_dir: Path) -> dict:
     incidents = []
     for i in run["incidents"]:
         d = dataclasses.asdict(i)
-        for k in ("t_open", "ready_false_at", "recovered_at", "closed_at"):
+        for k in ("t_open", "ready_false_at", "recovered_at", "serving_from", "closed_at", "server_exited_at"):
             d[k] = rel(d[k])
         d["ready_200_while_down"] = [rel(t) for t in d["ready_200_while_down"]][:20]
         incidents.append(d)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -165,3 +166,55 @@ def test_validation_of_llm_stream_finish_reasons_and_counts():
     guided = Spec("llm", max_tokens=10, stream=True, finish_reason=True, guided_json=True)
     assert check_responses(guided, [Resp(0, '{"a": ', "None", 1), Resp(1, "1}", "stop", 1)], True) == []
     assert any("does not parse" in p for p in check_responses(guided, [Resp(0, '{"a": ', "stop", 1)], True))
+
+
+def test_readiness_is_judged_against_when_the_first_good_probe_was_sent_not_answered():
+    def judged(serving_from, recovered_at, polls):
+        inc = watch.Incident("fault", "SIGKILL of stub llm_0_0", "llm", ["llm"], t_open=100.0, injected=True,
+                             ready_false_at=100.1, ready_200_while_down=polls,
+                             recovered_at=recovered_at, serving_from=serving_from)
+        out = []
+        checks._incident_checks(out, inc, {"rel": lambda t: t}, [])
+        return next(c for c in out if c.name.startswith("not ready while down"))
+    # the 2-hour soak's case: 200 from +11.0 s; a probe sent at +11.2 s that the model took was answered at +14.2 s
+    assert judged(111.2, 114.2, [111.0, 111.5, 112.0, 113.0, 114.0]).ok
+    # 200 while no request sent for seconds afterwards could be served: a lie to the load balancer
+    bad = judged(120.0, 120.5, [111.0, 111.5, 120.0])
+    assert not bad.ok and "2 polls" in bad.failures[0]
+    assert not judged(None, None, [111.0]).ok  # never recovered
+
+
+class _Recorder:
+    def __init__(self):
+        self.outs = []
+
+    def add(self, out):
+        self.outs.append(out)
+
+    def event(self, *a, **k):
+        pass
+
+
+def test_no_client_starts_a_request_after_pause_returned_with_none_in_flight():
+    import traffic as T
+    started_after_pause = []
+    paused_at = []
+
+    def kind_run(ctx, name, rng, model):
+        if paused_at and paused_at[-1][1] is None:
+            started_after_pause.append(name)  # pause() returned (in flight 0) and is not resumed yet
+        time.sleep(0.001)
+        return Outcome("k", model, "grpc", name, "-", t_send=0.0, t_end=0.0, status="ok")
+
+    tr = T.Traffic(T.Context(5.0, 5.0), _Recorder(), clients=6, kinds=[T.Kind("k", 1.0, kind_run, ("llm",))], seed=1)
+    tr.start()
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline:
+        assert tr.pause(timeout=2.0)
+        paused_at.append([time.monotonic(), None])
+        time.sleep(0.02)  # any client past the go flag without being counted would start now
+        paused_at[-1][1] = time.monotonic()
+        tr.resume()
+        time.sleep(0.005)
+    assert tr.stop(timeout=5.0)
+    assert len(paused_at) > 50 and started_after_pause == []

@@ -116,14 +116,23 @@ class Traffic:
         with self._lock:
             self._busy[name] = busy
 
-    def _wait_go(self) -> bool:
+    def _wait_go(self, name: str) -> bool:
+        """Block while held; True once `name` may send (it is then marked busy), False when stopping.
+        Checking the go flag and marking busy under one lock is what lets pause() see every client
+        that got past the flag: a client cannot start a request after pause() counted none in flight."""
         while not self._stop.is_set():
-            if self._go.wait(timeout=0.5):
-                return not self._stop.is_set()
+            if not self._go.wait(timeout=0.5):
+                continue
+            with self._lock:
+                if self._stop.is_set():
+                    return False
+                if self._go.is_set():
+                    self._busy[name] = True
+                    return True
         return False
 
     def _run(self, name: str, fn, rng, model) -> None:
-        self._set_busy(name, True)
+        """Run one request of `name` (marked busy by _wait_go) and record its outcome."""
         try:
             out = fn(self.ctx, name, rng, model)
         except Exception as e:  # noqa: BLE001 - a bug in a request kind must not end the client
@@ -142,7 +151,7 @@ class Traffic:
 
     def _client(self, name: str, rng: random.Random) -> None:
         weights = [k.weight for k in self.kinds]
-        while self._wait_go():
+        while self._wait_go(name):
             kind = rng.choices(self.kinds, weights)[0]
             model = rng.choice(kind.models)
             out = self._run(name, kind.run, rng, model)
@@ -151,7 +160,7 @@ class Traffic:
             self._stop.wait(pause)
 
     def _tp_client(self, model: str, rng: random.Random, period: float) -> None:
-        while self._wait_go():
+        while self._wait_go("tp"):
             fn = G.cancel_mid if rng.random() < 0.25 else G.complete
             self._run("tp", fn, rng, model)
             self._stop.wait(rng.uniform(0.5, 1.5) * period)
@@ -163,7 +172,8 @@ class Traffic:
 
     def pause(self, timeout: float) -> bool:
         """Hold new requests and wait up to timeout seconds for those in flight; True if none left."""
-        self._go.clear()
+        with self._lock:
+            self._go.clear()
         deadline = time.monotonic() + timeout
         while self.in_flight() and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -171,7 +181,8 @@ class Traffic:
 
     def hold(self) -> None:
         """Hold new requests without waiting for those in flight."""
-        self._go.clear()
+        with self._lock:
+            self._go.clear()
 
     def resume(self) -> None:
         """Let the clients send again after pause() / hold()."""

@@ -37,7 +37,10 @@ class Incident:
     injected: bool
     ready_false_at: float | None = None      # first readiness poll != 200 after t_open
     ready_200_while_down: list = dataclasses.field(default_factory=list)  # poll times
-    recovered_at: float | None = None
+    recovered_at: float | None = None  # answer of the first probe that succeeded on every affected model
+    # when the first of those probes was sent (the latest over the affected models): the model took a
+    # request then and served it, so readiness 200 from that moment on was true
+    serving_from: float | None = None
     closed_at: float | None = None
     closed_how: str = ""                      # recovered | restarted by the soak | end of soak
     person_needed: bool = False
@@ -224,13 +227,15 @@ class Watcher:
     def _check_recovered(self, inc: Incident, ready: bool) -> None:
         if inc.recovered_at is not None or not ready:
             return
-        done = []
+        done, sent = [], []
         for m in inc.affected:
             ok = [p for p in self.prober.since(m, inc.t_open + 0.5) if p.ok]
             if not ok:
                 return
             done.append(ok[0].t_done)
+            sent.append(ok[0].t_sent)
         inc.recovered_at = max(done)
+        inc.serving_from = max(sent)
         self.close(inc, "recovered", t=inc.recovered_at)
         self.recorder.event("note", f"recovered from '{inc.what}' after {inc.recovered_at - inc.t_open:.1f} s")
 
