@@ -28,6 +28,7 @@ from paddle_llm_triton.ensemble_steps import EnsembleStepHandler
 from paddle_llm_triton.fault_injection import install_step_fault
 from paddle_llm_triton.health import StallWatchdog
 from paddle_llm_triton.instances import instance_names
+from paddle_llm_triton.memory_trace import start_from_env as start_memory_trace
 from paddle_llm_triton.metrics import LLMMetrics
 from paddle_llm_triton.responder import Responder
 from paddle_llm_triton.restarts import notify_failure, restart_count
@@ -75,6 +76,7 @@ class TritonPythonModel:
                                        "a response send to Triton": lambda: self.responder.send_started},
                                       self.loop.declare_failed, opts.max_step_seconds,
                                       liveness=self.engine.executor.dead_worker)
+        self.memory_trace = start_memory_trace(self.instance)  # diagnostics, off unless asked for
         self.metrics.on_state(self.engine.stats())
         info = self.engine.info()
         self.metrics.on_engine_info(info)
@@ -168,6 +170,8 @@ class TritonPythonModel:
                  ("engine", self.engine.close),  # tensor parallel: stops the worker processes
                  ("control bus", self.control.close), ("responder", self.responder.shutdown),
                  ("metrics", self.metrics.shutdown)]
+        if self.memory_trace is not None:
+            self.memory_trace.close()
         for name, close in steps:
             t = time.monotonic()
             close()
