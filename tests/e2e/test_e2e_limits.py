@@ -177,3 +177,42 @@ def test_flood_is_refused_at_once_and_admitted_requests_end_at_max_request_secon
     # room again: a short request completes
     ok = GrpcStream(url, "llm", llm_inputs("Hi", True, {"max_tokens": "4", "temperature": "0"})).collect()
     ok.raise_for_error()
+
+
+def test_openai_frontend_answers_503_in_openai_form_while_the_server_is_full(limited, smollm2_dir, tmp_path):
+    """The OpenAI frontend in front of the full server: a request past max_num_waiting is a 503 with
+    OpenAI's error body naming the limit (streamed or not), at once, not a hang or a 500."""
+    openai = pytest.importorskip("openai")  # the frontend needs Python >= 3.11 (pyproject markers)
+    from paddle_llm_triton import launcher
+    from paddle_llm_triton.launcher.frontend import start_frontend
+
+    front = start_frontend(limited.grpc_port, limited.metrics_port, launcher.free_port(), smollm2_dir,
+                           log_path=tmp_path / "openai_frontend.log", drain_grace=5.0, log=lambda line: None)
+    streams = []
+    try:
+        front.wait_ready(60)
+        url, murl = limited.grpc_url, limited.metrics_url
+        wait_for(murl, is_idle, timeout=30)
+        streams.append(GrpcStream(url, "llm", llm_inputs(PROMPT, True, LONG), timeout=60))
+        assert streams[0].next()[1] is None
+        streams += [GrpcStream(url, "llm", llm_inputs(PROMPT, True, LONG), timeout=60) for _ in range(2)]
+        wait_for(murl, lambda m: llm_value(m, "llm_num_requests_waiting") == 2, timeout=30)
+
+        client = openai.OpenAI(base_url=front.url, api_key="unused", max_retries=0, timeout=30)
+        for stream in (False, True):
+            t0 = time.monotonic()
+            with pytest.raises(openai.APIStatusError) as ei:
+                r = client.chat.completions.create(model="llm", messages=[{"role": "user", "content": "Hi"}],
+                                                   max_tokens=4, stream=stream)
+                list(r) if stream else None
+            took = time.monotonic() - t0
+            err = ei.value.body if isinstance(ei.value.body, dict) else {}
+            assert ei.value.status_code == 503, (ei.value.status_code, ei.value.body)
+            assert "max_num_waiting 2" in err.get("message", ""), ei.value.body
+            assert set(err) >= {"message", "type", "param", "code"}, ei.value.body
+            assert took < MAX_REQUEST_SECONDS / 2, f"the refusal took {took:.1f} s"
+    finally:
+        for s in streams:
+            s.cancel()
+        front.stop(10)
+    wait_for(limited.metrics_url, is_idle, timeout=30)
