@@ -22,6 +22,7 @@ import functools
 import numpy as np
 import paddle
 
+from paddle_llm_ops.host_tensor import from_numpy
 
 @functools.lru_cache(maxsize=8)
 def _head_index(num_heads: int, place: str) -> paddle.Tensor:
@@ -65,8 +66,8 @@ def copy_blocks(kv_caches, pairs, block_size: int, gather_dtype=None, layout: st
     if not pairs:
         return
     if layout == "blocks":
-        src = paddle.to_tensor(np.asarray([s for s, _ in pairs], dtype=np.int64))
-        dst = paddle.to_tensor(np.asarray([d for _, d in pairs], dtype=np.int64))
+        src = from_numpy(np.asarray([s for s, _ in pairs], dtype=np.int64))
+        dst = from_numpy(np.asarray([d for _, d in pairs], dtype=np.int64))
         for layer in kv_caches:
             for cache in layer:
                 view = None if gather_dtype is None or gather_dtype == cache.dtype else gather_dtype
@@ -74,8 +75,8 @@ def copy_blocks(kv_caches, pairs, block_size: int, gather_dtype=None, layout: st
                 paddle.index_put_(cache, (dst,), rows if view is None else rows.view(cache.dtype))
         return
     offs = np.arange(block_size, dtype=np.int64)
-    src = paddle.to_tensor(np.concatenate([s * block_size + offs for s, _ in pairs]))
-    dst = paddle.to_tensor(np.concatenate([d * block_size + offs for _, d in pairs]))
+    src = from_numpy(np.concatenate([s * block_size + offs for s, _ in pairs]))
+    dst = from_numpy(np.concatenate([d * block_size + offs for _, d in pairs]))
     for layer in kv_caches:
         for cache in layer:
             rows = gather_kv(cache, src, cache.dtype, gather_dtype)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import paddle
 
+from paddle_llm_ops.host_tensor import from_numpy
 
 def _const(t: paddle.Tensor) -> paddle.Tensor:
     t.stop_gradient = True
@@ -27,7 +28,7 @@ def _const(t: paddle.Tensor) -> paddle.Tensor:
 def _bias(bias: np.ndarray | None, dtype: str) -> paddle.Tensor | None:
     if bias is None:
         return None
-    t = paddle.to_tensor(np.asarray(bias, dtype=np.float32))
+    t = from_numpy(np.asarray(bias, dtype=np.float32))
     return _const(t if dtype == "float32" else t.astype(dtype))
 
 
@@ -37,7 +38,7 @@ class ComposedLinear:
     kind = "composed"
 
     def __init__(self, w_in_out: np.ndarray, bias: np.ndarray | None, dtype: str):
-        t = paddle.to_tensor(np.ascontiguousarray(w_in_out, dtype=np.float32))
+        t = from_numpy(np.ascontiguousarray(w_in_out, dtype=np.float32))
         self.weight = _const(t if dtype == "float32" else t.astype(dtype))
         self.bias = _bias(bias, dtype)
 
@@ -53,7 +54,7 @@ class GemvLinear:
     kind = "gemv"
 
     def __init__(self, w_in_out: np.ndarray, bias: np.ndarray | None, isa: str):
-        self.weight = _const(paddle.to_tensor(np.ascontiguousarray(np.asarray(w_in_out, np.float32).T)))
+        self.weight = _const(from_numpy(np.ascontiguousarray(np.asarray(w_in_out, np.float32).T)))
         self.bias = _bias(bias, "float32")
         self.isa = isa
 
@@ -74,7 +75,7 @@ class Int8Linear:
         from paddle_llm_ops import cpu_kernels
 
         q, scale = cpu_kernels.quantize_int8_numpy(np.asarray(w_in_out, np.float32).T)
-        self.qweight, self.scale = _const(paddle.to_tensor(q)), _const(paddle.to_tensor(scale))
+        self.qweight, self.scale = _const(from_numpy(q)), _const(from_numpy(scale))
         self.bias = _bias(bias, "float32")
         self.isa = isa
 
@@ -111,7 +112,7 @@ class Int4Linear:
 
         w = np.asarray(w_in_out, np.float32).T
         q, scale = cpu_kernels.quantize_int4_numpy(w, group_size_for(w.shape[1], group_size))
-        self.qweight, self.scale = _const(paddle.to_tensor(q)), _const(paddle.to_tensor(scale))
+        self.qweight, self.scale = _const(from_numpy(q)), _const(from_numpy(scale))
         self.bias = _bias(bias, "float32")
         self.isa = isa
 

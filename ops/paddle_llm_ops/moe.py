@@ -28,12 +28,13 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
+from paddle_llm_ops.host_tensor import from_numpy
 # Rows per block of the GCU kernel (FastDeploy's GCU MoE config BLOCK_SIZE_M).
 BLOCK_M = 32
 
 
 def _tensor(a: np.ndarray, dtype: str) -> paddle.Tensor:
-    t = paddle.to_tensor(np.ascontiguousarray(a))
+    t = from_numpy(np.ascontiguousarray(a))
     if dtype != "float32":
         t = t.astype(dtype)
     t.stop_gradient = True
@@ -80,7 +81,7 @@ def moe_experts_composed(x: paddle.Tensor, topk_ids: paddle.Tensor, topk_weights
     sum over slots j of topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t])."""
     t, k = topk_ids.shape
     order, counts, inverse = group_by_expert(topk_ids.numpy(), experts.num_experts)
-    xs = paddle.index_select(x, paddle.to_tensor(order // k))  # [T*k, H], grouped by expert
+    xs = paddle.index_select(x, from_numpy(order // k))  # [T*k, H], grouped by expert
     outs, start = [], 0
     for e in np.flatnonzero(counts):  # experts that received no token are skipped
         n = int(counts[e])
@@ -88,7 +89,7 @@ def moe_experts_composed(x: paddle.Tensor, topk_ids: paddle.Tensor, topk_weights
         outs.append(paddle.matmul(h, experts.down[e]))
         start += n
     y = outs[0] if len(outs) == 1 else paddle.concat(outs, axis=0)
-    y = paddle.index_select(y, paddle.to_tensor(inverse)).reshape([t, k, x.shape[1]])
+    y = paddle.index_select(y, from_numpy(inverse)).reshape([t, k, x.shape[1]])
     return (y * topk_weights.unsqueeze(-1)).sum(axis=1)
 
 

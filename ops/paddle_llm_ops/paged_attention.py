@@ -14,6 +14,7 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
+from paddle_llm_ops.host_tensor import from_numpy
 from paddle_llm_ops.kv_cache import gather_kv
 
 
@@ -21,7 +22,7 @@ def _causal_mask(n: int, start_pos: int) -> paddle.Tensor:
     """[n, start_pos + n] additive fp32: row i may see columns 0 .. start_pos + i."""
     qpos = np.arange(start_pos, start_pos + n)[:, None]
     kpos = np.arange(start_pos + n)[None, :]
-    return paddle.to_tensor(np.where(kpos <= qpos, 0.0, -np.inf).astype(np.float32))
+    return from_numpy(np.where(kpos <= qpos, 0.0, -np.inf).astype(np.float32))
 
 
 # Longest run of queries attended in one piece. Longer chunks are split into query blocks, each

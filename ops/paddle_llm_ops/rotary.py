@@ -13,6 +13,7 @@ import math
 import numpy as np
 import paddle
 
+from paddle_llm_ops.host_tensor import from_numpy
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
@@ -103,8 +104,8 @@ class RotaryTable:
         inv, attn_factor = _rope_inverse_frequencies(head_dim, theta, scaling)
         freqs = np.outer(np.arange(max_positions, dtype=np.float64), inv)
         emb = np.concatenate([freqs, freqs], axis=-1)
-        self.cos = paddle.to_tensor((np.cos(emb) * attn_factor).astype(np.float32))
-        self.sin = paddle.to_tensor((np.sin(emb) * attn_factor).astype(np.float32))
+        self.cos = from_numpy((np.cos(emb) * attn_factor).astype(np.float32))
+        self.sin = from_numpy((np.sin(emb) * attn_factor).astype(np.float32))
 
     def cos_sin_table(self, dtype: str = "float32") -> paddle.Tensor:
         """[max_positions, head_dim] in `dtype`: the cos of the head_dim/2 frequencies, then their sin

@@ -16,6 +16,7 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
+from paddle_llm_ops.host_tensor import from_numpy
 from paddle_llm_engine.config import ModelConfig
 from paddle_llm_engine.models.arch import DecoderArch
 from paddle_llm_engine.models.attention_metadata import AttentionMetadata
@@ -27,7 +28,7 @@ def _tensor(a: np.ndarray | None, dtype: str) -> paddle.Tensor | None:
     """An fp32 numpy weight as a constant tensor of the compute dtype on the current device."""
     if a is None:
         return None
-    t = paddle.to_tensor(a)
+    t = from_numpy(a)
     if dtype != "float32":
         t = t.astype(dtype)
     t.stop_gradient = True

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import paddle
 
+from paddle_llm_ops.host_tensor import from_numpy
 from paddle_llm_engine.models.attention_metadata import AttentionMetadata, PrefillChunk
 from paddle_llm_engine.step import Step
 
@@ -50,16 +51,16 @@ def pack_step(step: Step, block_size: int, form: str) -> ModelInputs:
         pos.append(np.arange(start, start + n, dtype=np.int64))
         slot_parts.append(slots(s.block_table, start, start + n, block_size))
         if n > 1:
-            chunks.append(PrefillChunk(row, n, start, paddle.to_tensor(slots(s.block_table, 0, start + n, block_size))))
+            chunks.append(PrefillChunk(row, n, start, from_numpy(slots(s.block_table, 0, start + n, block_size))))
         if s.samples:
             last_rows.append(row + n - 1)
         row += n
     decodes = [s for s in step.seqs if s.num_tokens == 1]
-    meta = AttentionMetadata(slot_mapping=paddle.to_tensor(np.concatenate(slot_parts)), num_decodes=len(decodes),
+    meta = AttentionMetadata(slot_mapping=from_numpy(np.concatenate(slot_parts)), num_decodes=len(decodes),
                              prefills=chunks)
     if decodes:
         _decode_metadata(meta, decodes, block_size, form)
-    return ModelInputs(paddle.to_tensor(np.concatenate(ids)), paddle.to_tensor(np.concatenate(pos)), meta,
+    return ModelInputs(from_numpy(np.concatenate(ids)), from_numpy(np.concatenate(pos)), meta,
                        np.asarray(last_rows, dtype=np.int64))
 
 
@@ -71,8 +72,8 @@ def _decode_metadata(meta: AttentionMetadata, decodes, block_size: int, form: st
         for i, (s, c) in enumerate(zip(decodes, ctx)):
             used = -(-c // block_size)
             tables[i, :used] = s.block_table[:used]
-        meta.decode_block_tables = paddle.to_tensor(tables)
-        meta.decode_context_lens = paddle.to_tensor(np.asarray(ctx, dtype=np.int32))
+        meta.decode_block_tables = from_numpy(tables)
+        meta.decode_context_lens = from_numpy(np.asarray(ctx, dtype=np.int32))
         return
     width = max(ctx)
     dslots = np.zeros((len(decodes), width), dtype=np.int64)
@@ -80,8 +81,8 @@ def _decode_metadata(meta: AttentionMetadata, decodes, block_size: int, form: st
     for i, (s, c) in enumerate(zip(decodes, ctx)):
         dslots[i, :c] = slots(s.block_table, 0, c, block_size)
         mask[0, i, 0, :c] = 0.0
-    meta.decode_slots = paddle.to_tensor(dslots)
-    meta.decode_mask = paddle.to_tensor(mask)
+    meta.decode_slots = from_numpy(dslots)
+    meta.decode_mask = from_numpy(mask)
 
 
 def _pack_flash(step: Step, block_size: int) -> ModelInputs:
@@ -102,9 +103,9 @@ def _pack_flash(step: Step, block_size: int) -> ModelInputs:
     slot = table[row, pos // block_size].astype(np.int64) * block_size + pos % block_size
     cu = np.zeros(len(seqs) + 1, dtype=np.int32)
     cu[1:] = np.cumsum(n_new)
-    meta = AttentionMetadata(slot_mapping=paddle.to_tensor(slot.astype(np.int32)),
-                             num_decodes=int((n_new == 1).sum()), cu_seqlens_q=paddle.to_tensor(cu),
-                             seqused_k=paddle.to_tensor(used.astype(np.int32)), block_table=paddle.to_tensor(table),
+    meta = AttentionMetadata(slot_mapping=from_numpy(slot.astype(np.int32)),
+                             num_decodes=int((n_new == 1).sum()), cu_seqlens_q=from_numpy(cu),
+                             seqused_k=from_numpy(used.astype(np.int32)), block_table=from_numpy(table),
                              max_seqlen_q=int(n_new.max()), max_seqlen_k=int(used.max()))
     last = np.asarray([cu[i + 1] - 1 for i, s in enumerate(seqs) if s.samples], dtype=np.int64)
-    return ModelInputs(paddle.to_tensor(ids), paddle.to_tensor(pos), meta, last)
+    return ModelInputs(from_numpy(ids), from_numpy(pos), meta, last)

@@ -22,6 +22,7 @@ from typing import Callable
 import numpy as np
 import paddle
 
+from paddle_llm_ops.host_tensor import from_numpy
 from paddle_llm_engine.config import EngineConfig, ModelConfig
 from paddle_llm_engine.models import build_model
 from paddle_llm_engine.platforms import Device, platform_for, plan_for_device
@@ -166,5 +167,5 @@ class Worker:
         hidden = self.model.forward(inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches)
         if len(inputs.last_rows) == 0:
             return np.empty((0, 0), dtype=np.float32)
-        logits = self.model.compute_logits(gather_last_tokens(hidden, paddle.to_tensor(inputs.last_rows)))
+        logits = self.model.compute_logits(gather_last_tokens(hidden, from_numpy(inputs.last_rows)))
         return logits.numpy()

@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 import paddle
 
+from paddle_llm_ops.host_tensor import from_numpy
 from paddle_llm_ops.cpu_kernels import build as _build
 
 ISAS = ("avx2_fma", "generic")
@@ -262,7 +263,7 @@ def quantize_int8(w) -> tuple[paddle.Tensor, paddle.Tensor]:
     A paddle.Tensor runs the C++ op (threaded), numpy the numpy version; both give the same bits."""
     if isinstance(w, np.ndarray):
         q, s = quantize_int8_numpy(w)
-        return paddle.to_tensor(q), paddle.to_tensor(s)
+        return from_numpy(q), from_numpy(s)
     q, s = _run("plk_quantize_int8", w)
     return q, s
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 import numpy as np
 import paddle
 
+from paddle_llm_ops.host_tensor import from_numpy
 from paddle_llm_ops.kernel_checks import difference, random_array, register, worst
 
 GCU_GROUP_SIZES = (-1, 64, 128)
@@ -126,7 +127,7 @@ class GcuQuantLinear:
             bias = None if bias is None else np.concatenate([np.asarray(bias, np.float32), np.zeros(pad, np.float32)])
         self.padded_out = pad
         rhs, scale = quantize_for_linear_quant(w, bits, group_size, dtype)
-        self.qweight = _const(paddle.to_tensor(rhs))
+        self.qweight = _const(from_numpy(rhs))
         self.scale = _const(_in_dtype(scale, dtype))
         self.bias = None if bias is None else _const(_in_dtype(np.asarray(bias, np.float32), dtype))
 
@@ -144,7 +145,7 @@ def _const(t: paddle.Tensor) -> paddle.Tensor:
 
 
 def _in_dtype(a: np.ndarray, dtype: str) -> paddle.Tensor:
-    t = paddle.to_tensor(a)
+    t = from_numpy(a)
     return t if dtype == "float32" else t.astype(dtype)
 
 
@@ -169,5 +170,5 @@ def _check_one(rng, dtype: str, bits: int, group_size: int, k: int, n: int) -> t
     ref_w = dequantize_linear_quant(lin.qweight.numpy(), lin.scale.astype("float32").numpy(), bits, k)[:, :n]
     # the reference in fp32 from the same (dtype-rounded) x, scale and bias: only the kernel's own
     # rounding is measured, and it needs no low-precision matmul on the device
-    composed = paddle.matmul(x.astype("float32"), paddle.to_tensor(ref_w)) + lin.bias.astype("float32")[:n]
+    composed = paddle.matmul(x.astype("float32"), from_numpy(ref_w)) + lin.bias.astype("float32")[:n]
     return difference(lin(x), composed)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import paddle
 
+from paddle_llm_ops.host_tensor import from_numpy
 from paddle_llm_ops.kernel_checks import difference, random_array, register, worst
 
 _EPS = 1e-6
@@ -25,7 +26,7 @@ _BLOCK = 16
 
 
 def _t(a: np.ndarray) -> paddle.Tensor:
-    return paddle.to_tensor(a)
+    return from_numpy(a)
 
 
 def _rms_composed(x: paddle.Tensor, w: paddle.Tensor, eps: float) -> paddle.Tensor:

@@ -25,6 +25,7 @@ import math
 import numpy as np
 import paddle
 
+from paddle_llm_ops.host_tensor import from_numpy
 from paddle_llm_ops.kernel_checks import difference, random_array, register, worst
 
 _EPS = 1e-6
@@ -52,7 +53,7 @@ def _copying_views(check):
 
 
 def _t(a: np.ndarray, dtype: str = "float32") -> paddle.Tensor:
-    t = paddle.to_tensor(a)
+    t = from_numpy(a)
     return t if dtype == "float32" or a.dtype.kind in "iu" else t.astype(dtype)
 
 
