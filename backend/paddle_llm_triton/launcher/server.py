@@ -20,8 +20,9 @@ its config parameter `model_dir`, when set to a non-empty value, wins over the v
 Supervised mode (`start_server(supervise=True)`, what `make serve` runs): tritonserver runs with
 `--model-control-mode explicit`, `--load-model` for every model of the repository, and a second
 repository holding the readiness gate (gate.py, loaded only to turn readiness false); once ready, a Supervisor thread (supervisor.py) reloads any model whose stub dies or whose
-engine reports unhealthy, and `drain(grace_s)` (shutdown.py) drains before `stop()`. The supervisor's
-state folder reaches the models as PADDLE_LLM_SUPERVISOR_STATE (restart counts).
+engine reports unhealthy, and `drain(grace_s)` (shutdown.py) drains before `stop()` (with the accept
+window DRAIN_ACCEPT_S, read at start: the seconds new requests are still served after readiness turned
+false). The supervisor's state folder reaches the models as PADDLE_LLM_SUPERVISOR_STATE (restart counts).
 
 Only the standard library is used here.
 """
@@ -130,6 +131,7 @@ class TritonServer:
         self._stop_lock = threading.Lock()
         self.killed = False
         self.supervisor = None      # a launcher.supervisor.Supervisor in supervised mode
+        self.drain_accept_s = 0.0   # drain()'s accept window (DRAIN_ACCEPT_S, read by start_server)
         self.gate = None            # its launcher.gate.ReadinessGate
         self._restarting = False
         self.state_dir: Path | None = None
@@ -211,15 +213,16 @@ class TritonServer:
         """The server process runs (or is being restarted by the supervisor)."""
         return self._restarting or self.proc.poll() is None
 
-    def drain(self, grace_s: float = 30.0, log=print) -> dict:
-        """Supervised mode only: refuse new requests, readiness false, wait for the requests in flight
-        (at most grace_s), unload every model (shutdown.py). Call stop() after it."""
+    def drain(self, grace_s: float = 30.0, log=print, accept_s: float | None = None) -> dict:
+        """Supervised mode only: readiness false, refuse new requests (after accept_s seconds; None:
+        the server's DRAIN_ACCEPT_S, default 0), wait for the requests in flight (at most grace_s),
+        unload every model (shutdown.py). Call stop() after it."""
         from paddle_llm_triton.launcher.shutdown import drain
 
         if self.supervisor is None:
             raise RuntimeError("drain() needs a server started with supervise=True")
         self.supervisor.pause()
-        return drain(self, grace_s, log)
+        return drain(self, grace_s, log, self.drain_accept_s if accept_s is None else accept_s)
 
     def stop(self, kill_after: float | None = None) -> int:
         """SIGTERM, wait up to kill_after seconds, then SIGKILL server and stubs; clean shm. Returns
@@ -341,8 +344,11 @@ def start_server(model_repo, http_port: int, grpc_port: int, metrics_port: int, 
     import tempfile
 
     from paddle_llm_triton.launcher.gate import ReadinessGate, make_gate_repository
+    from paddle_llm_triton.launcher.shutdown import accept_seconds
     from paddle_llm_triton.launcher.supervisor import Supervisor
 
+    # a bad DRAIN_ACCEPT_S fails here, at start, not when the server is asked to stop
+    drain_accept_s = accept_seconds() if supervise else 0.0
     backend_dir = Path(backend_dir or DEFAULT_BACKEND_DIR)
     if not (backend_dir / "python" / STUB_NAME).is_file():
         raise FileNotFoundError(f"{backend_dir}/python/{STUB_NAME} missing (run scripts/setup.sh)")
@@ -365,6 +371,7 @@ def start_server(model_repo, http_port: int, grpc_port: int, metrics_port: int, 
                           exit_timeout, kill_after)
     server._launch = launch
     if supervise:
+        server.drain_accept_s = drain_accept_s
         server.state_dir = state_dir
         server.gate = ReadinessGate(http_port, state_dir)
         server.supervisor = Supervisor(server, state_dir, gate=server.gate, log=log)
