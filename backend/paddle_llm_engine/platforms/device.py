@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib.metadata as md
 import logging
 
+from paddle_llm_engine.platforms import cgroup
+
 log = logging.getLogger(__name__)
 
 # paddle-custom-gcu releases are built against one Paddle release; a mismatch fails deep inside
@@ -150,10 +152,9 @@ def resolve_device(device: str, device_id: int) -> Device:
 
 
 # -- memory available for the KV cache ------------------------------------------------------------
-def host_available_memory() -> int | None:
-    """Bytes of host memory available to new allocations without swapping (Linux MemAvailable:
-    free memory plus reclaimable caches), through psutil when installed, else /proc/meminfo.
-    None when neither is readable."""
+def _mem_available() -> int | None:
+    """The host's MemAvailable in bytes (free memory plus reclaimable caches), through psutil when
+    installed, else /proc/meminfo; None when neither is readable."""
     try:
         import psutil
 
@@ -168,6 +169,32 @@ def host_available_memory() -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def host_memory_report(cgroup_root=None) -> tuple[int | None, str]:
+    """(bytes of host memory this process may still allocate without swapping or being OOM-killed,
+    where that figure comes from): the host's MemAvailable, or the headroom under this process's
+    cgroup memory limit when that is smaller (a container's limit; cgroup.memory_headroom: limit
+    minus usage less inactive file cache). (None, why) when neither is known. `cgroup_root`: a
+    fake filesystem root for the cgroup files (tests)."""
+    avail = _mem_available()
+    headroom, how = cgroup.memory_headroom(cgroup_root)
+    if headroom is not None and (avail is None or headroom < avail):
+        return headroom, how + ("" if avail is None else f", below the host's MemAvailable {avail / 2**20:.0f} MiB")
+    if avail is None:
+        return None, "no MemAvailable in /proc/meminfo and " + how
+    return avail, "the host's MemAvailable" + ("" if headroom is None else f" (below the {how})")
+
+
+def host_available_memory() -> int | None:
+    """Bytes of host memory this process may still allocate: the host's MemAvailable (free memory
+    plus reclaimable caches), capped by the headroom under this process's cgroup memory limit (in
+    a container, MemAvailable is the node's). None when neither is readable. Where the figure comes
+    from is logged (info when the cgroup limit decided it); host_memory_report() returns it."""
+    avail, where = host_memory_report()
+    log.log(logging.INFO if where.startswith("cgroup") else logging.DEBUG,
+            "host memory available: %s MiB, from %s", "unknown" if avail is None else f"{avail / 2**20:.0f}", where)
+    return avail
 
 
 def gcu_available_memory(device: Device | str) -> int | None:

@@ -9,8 +9,7 @@ tensor-parallel executor (executor/) only call these methods.
 
 from __future__ import annotations
 
-import os
-
+from paddle_llm_engine.platforms import cgroup
 from paddle_llm_engine.platforms.device import (Device, check_gcu_versions, gcu_available_memory,
                                                 host_available_memory)
 
@@ -22,8 +21,19 @@ class Platform:
 
     def kernel_threads(self, num_threads: int, ranks_on_host: int = 1) -> int:
         """CPU threads for one process's kernels: the operator's num_threads when set (> 0), else the
-        host's cores shared evenly by the `ranks_on_host` processes of one engine (at least 1)."""
-        return num_threads or max(1, (os.cpu_count() or 1) // max(1, ranks_on_host))
+        CPUs this process may use (cgroup.usable_cpus: affinity mask and cgroup CPU quota, not the
+        node's cores) shared evenly by the `ranks_on_host` processes of one engine (at least 1)."""
+        return self.kernel_threads_report(num_threads, ranks_on_host)[0]
+
+    def kernel_threads_report(self, num_threads: int, ranks_on_host: int = 1) -> tuple[int, str]:
+        """(kernel_threads(...), where that count comes from), for the start-up log."""
+        if num_threads:
+            return num_threads, "num_threads"
+        cpus, source = cgroup.usable_cpus()
+        ranks = max(1, ranks_on_host)
+        # More threads than CPUs the quota pays for are throttled in every CFS period, each step waiting
+        # for the slowest thread: the count is the usable CPUs, never the node's cores.
+        return max(1, cpus // ranks), source + (f", shared by {ranks} ranks" if ranks > 1 else "")
 
     def activate(self, device: Device, threads: int) -> None:
         """Bind this process to `device` (Paddle's current place) with `threads` kernel threads."""
@@ -61,7 +71,8 @@ class Platform:
 
 class CpuPlatform(Platform):
     """The host CPU: Paddle's CPU kernels (and the C++ CPU kernels where the plan turns them on),
-    gloo collectives, the host's available memory shared by the ranks."""
+    gloo collectives, the host's available memory (capped by the cgroup memory limit) shared by
+    the ranks."""
 
     kind = "cpu"
 
@@ -79,20 +90,24 @@ class CpuPlatform(Platform):
 
             cpu_kernels.set_num_threads(threads)
 
-    memory_source = "the host's MemAvailable"
+    # host_available_memory logs which of the two it was, with the figures
+    memory_source = "the host's MemAvailable or the cgroup memory limit's headroom, the smaller"
 
     def available_memory(self, device: Device, ranks_on_host: int = 1) -> int | None:
-        """The host's MemAvailable, split evenly between the ranks that share the host."""
+        """host_available_memory() (MemAvailable, capped by the cgroup memory limit's headroom), split
+        evenly between the ranks that share the host (and its cgroup)."""
         avail = host_available_memory()
         return None if avail is None else avail // max(1, ranks_on_host)
 
     def device_count(self, device: Device) -> tuple[int, str]:
-        return os.cpu_count() or 1, "CPU cores (os.cpu_count())"
+        """(CPUs this process may use: cgroup.usable_cpus, "CPU cores this process may use (<source>)")."""
+        count, source = cgroup.usable_cpus()
+        return count, f"CPU cores this process may use ({source})"
 
     def rank_devices(self, size: int, device: Device) -> list[Device]:
         count, what = self.device_count(device)
         if size > count:
-            raise ValueError(f"tensor_parallel_size {size} exceeds the {count} {what} of this host")
+            raise ValueError(f"tensor_parallel_size {size} exceeds the {count} {what}")
         return [Device.CPU] * size
 
     def collective_env(self, device: Device) -> dict[str, str]:

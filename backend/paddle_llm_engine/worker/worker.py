@@ -57,7 +57,10 @@ class Worker:
         self.platform = platform_for(self.device)
         self.ranks_on_host = ranks_on_host
         self.block_size = engine_config.block_size
-        self.threads = threads or self.platform.kernel_threads(engine_config.num_threads, ranks_on_host)
+        chosen, threads_source = self.platform.kernel_threads_report(engine_config.num_threads, ranks_on_host)
+        self.threads = threads or chosen
+        log.info("%s: %d kernel threads (from %s)", self.device, self.threads,
+                 threads_source if self.threads == chosen else "the caller's threads argument")
         self.platform.activate(self.device, self.threads)
         self.plan = plan_for_device(self.device, engine_config.dtype, engine_config.kv_cache_dtype,
                                     engine_config.kernels, engine_config.quantization,
