@@ -11,7 +11,7 @@ serve: setup
 	bash scripts/serve.sh
 
 test: setup
-	$(PYTHON_VENV) -m pytest -q tests
+	$(PYTHON_VENV) -m pytest -q --durations=20 tests
 
 # Soak and fault suite (tests/soak/run_soak.py): the README server under mixed traffic with faults on a
 # schedule, for SOAK_MINUTES minutes of traffic; report in build/soak/ (report.json, soak.png).
