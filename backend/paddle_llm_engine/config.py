@@ -265,6 +265,16 @@ class EngineConfig:
     tensor_parallel_size: N > 1 shards the model over N worker processes, one per device
         (device_id .. device_id + N - 1; on CPU the ids only label the ranks); the engine, scheduler
         and sampler stay in this process (paddle_llm_engine/tp). KV budgets are per rank.
+    tp_hosts: "" (the default: every rank on this host) or where the ranks run, comma-separated
+        "address[:ranks]" entries in rank order ("10.0.0.1,10.0.0.2" or "hostA:2,hostB:2"; ranks
+        default 1, their sum must be tensor_parallel_size). The first entry is this host: the
+        executor starts its ranks and binds the step channel to that address; the ranks of the
+        other entries are started there by the operator (executor/tp_worker.py --connect) and
+        join over TCP, authenticated by the shared token PADDLE_LLM_TP_TOKEN (see executor/remote.py).
+    tp_port: the TCP port of the step channel on the first tp_hosts address (used only with
+        remote ranks; 0 is refused then).
+    tp_join_timeout_s: how long the start waits for the remote ranks to join (> 0 s); the start
+        then fails naming the ranks that did not.
     """
 
     model_dir: str
@@ -288,6 +298,9 @@ class EngineConfig:
     quantization: str = ""
     quantization_group_size: int = 0
     tensor_parallel_size: int = 1
+    tp_hosts: str = ""
+    tp_port: int = 29650
+    tp_join_timeout_s: float = 300.0
     max_waiting_requests: InitVar[int | None] = None
 
     def __post_init__(self, max_waiting_requests: int | None) -> None:
@@ -321,6 +334,12 @@ class EngineConfig:
             )
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.tp_hosts.strip():
+            parse_tp_hosts(self.tp_hosts, self.tensor_parallel_size)
+            if not 0 < self.tp_port < 65536:
+                raise ValueError(f"tp_port must be in 1..65535 when tp_hosts is set, got {self.tp_port}")
+            if not (math.isfinite(self.tp_join_timeout_s) and self.tp_join_timeout_s > 0):
+                raise ValueError(f"tp_join_timeout_s must be > 0, got {self.tp_join_timeout_s}")
         if self.prefill_chunk_size < 0:
             raise ValueError(f"prefill_chunk_size must be >= 0 (0 = no cap), got {self.prefill_chunk_size}")
         if self.max_num_waiting < 0:
@@ -336,3 +355,31 @@ class EngineConfig:
         if not (0.0 <= self.kv_cache_memory_fraction <= 1.0):
             raise ValueError(f"kv_cache_memory_fraction must be 0 (off) or in (0, 1], "
                              f"got {self.kv_cache_memory_fraction}")
+
+
+def parse_tp_hosts(text: str, size: int) -> list[tuple[str, int]]:
+    """EngineConfig.tp_hosts -> [(address, ranks), ...] in rank order (the first entry is this host).
+
+    `text`: comma-separated "address[:ranks]" entries (an IPv4 address or a host name; ranks an
+    integer >= 1, default 1). Raises ValueError naming tp_hosts when an entry is empty or
+    malformed, an address repeats, the ranks do not add up to `size` (tensor_parallel_size), or
+    `size` is 1 (nothing to spread)."""
+    out: list[tuple[str, int]] = []
+    for entry in (e.strip() for e in text.split(",")):
+        host, sep, count = entry.partition(":")
+        host = host.strip()
+        if not host or any(c.isspace() for c in host) or (sep and not count.strip().isdigit()):
+            raise ValueError(f"tp_hosts: bad entry {entry!r} in {text!r} (expected address[:ranks], "
+                             f"e.g. \"10.0.0.1,10.0.0.2\" or \"hostA:2,hostB:2\")")
+        n = int(count) if sep else 1
+        if n < 1:
+            raise ValueError(f"tp_hosts: entry {entry!r} must name at least 1 rank")
+        if any(h == host for h, _ in out):
+            raise ValueError(f"tp_hosts: {host!r} is named twice in {text!r} (give it one entry host:ranks)")
+        out.append((host, n))
+    if size <= 1:
+        raise ValueError(f"tp_hosts ({text!r}) needs tensor_parallel_size > 1, got {size}")
+    total = sum(n for _, n in out)
+    if total != size:
+        raise ValueError(f"tp_hosts {text!r} names {total} ranks but tensor_parallel_size is {size}")
+    return out

@@ -28,6 +28,10 @@ instances on that id); else the instance ordinal (instance k on device k; on CPU
 With tensor_parallel_size N > 1 that id is the instance's first device and its ranks take it and
 the next N - 1; the default is then k * N (instance k on devices k*N .. k*N + N - 1).
 Triton itself gives every KIND_CPU instance device id 0, so its model_instance_device_id is not used.
+
+Multi-host tensor parallel (tp_hosts set): instance k's step channel listens on tp_port + k, so that
+several instances of one model do not collide on one port (the remote ranks of instance k connect
+to that port).
 """
 
 from __future__ import annotations
@@ -153,6 +157,8 @@ def engine_config_from_triton(model_config: dict, args: dict) -> EngineConfig:
         kwargs["device_id"] = opts.gcu_device_ids[ordinal % len(opts.gcu_device_ids)]
     elif "device_id" not in kwargs:
         kwargs["device_id"] = ordinal * max(1, kwargs.get("tensor_parallel_size", 1))
+    if str(kwargs.get("tp_hosts", "")).strip():
+        kwargs["tp_port"] = kwargs.get("tp_port", EngineConfig.tp_port) + ordinal
     return EngineConfig(**kwargs)
 
 

@@ -11,7 +11,9 @@ Worker(s) and offers one interface:
 - LocalExecutor (local.py): one Worker in this process.
 - TPExecutor (tensor_parallel.py): tensor_parallel_size worker processes (tp_worker.py), one per
   device, each a Worker on its shard of the model, fed over sockets (channel.py) with the logits
-  assembled in shared memory; processes.py starts, watches and stops them.
+  assembled in shared memory; processes.py starts, watches and stops them. With
+  EngineConfig.tp_hosts some ranks run on other hosts, started there by the operator, and join over
+  token-authenticated TCP (remote.py), sending their logits columns with each answer.
 """
 
 from __future__ import annotations

@@ -12,6 +12,11 @@ Step), ("stop",).
 worker -> engine: ("sized", n) (KV blocks this rank can hold), ("ready", PlatformPlan) (what the
 rank decided to run: dtype, KV-cache dtype, kernels, quantization), ("done",), ("error", text)
 (the worker exits after sending it).
+
+A rank on another host (EngineConfig.tp_hosts, remote.py) talks over an authenticated TCP
+connection instead: it first sends ("hello", rank, host name, pid) (the engine may answer
+("reject", reason)); it has no shared memory, so its WorkerSpec has logits_path None and its
+"done" carries its logits columns: ("done", (vocab_start, vocab_end, [rows, end - start] fp32)).
 """
 
 from __future__ import annotations
@@ -26,8 +31,12 @@ import numpy as np
 @dataclasses.dataclass
 class WorkerSpec:
     """Everything a worker needs to build its shard (sent as the first message). device: the rank's
-    Device; threads: its kernel threads (the platform layer's share of the host); logits_path /
-    logits_shape: the shared logits buffer ([rows, vocab] fp32)."""
+    Device; threads: its kernel threads (the platform layer's share of the host; 0 for a remote
+    rank: it takes its own host's share); logits_path / logits_shape: the shared logits buffer
+    ([rows, vocab] fp32; path None for a remote rank); ranks_on_host: the ranks of this engine on
+    the rank's host (memory and threads are split between them; 0 = size); env: the
+    paddle.distributed environment a remote rank sets before joining (local ranks get theirs at
+    spawn)."""
 
     rank: int
     size: int
@@ -35,8 +44,10 @@ class WorkerSpec:
     threads: int
     engine_config: object   # EngineConfig
     model_config: object    # ModelConfig of the whole model
-    logits_path: str
+    logits_path: str | None
     logits_shape: tuple[int, int]
+    ranks_on_host: int = 0
+    env: dict = dataclasses.field(default_factory=dict)
 
 
 def create_logits_file(rows: int, vocab: int) -> tuple[str, np.memmap]:

@@ -44,7 +44,10 @@ def free_port() -> int:
 
 
 def status(proc: subprocess.Popen) -> str:
-    """How a worker ended, for error messages: "still running", "killed by SIGKILL", "exited with code 1"."""
+    """How a worker ended, for error messages: "still running", "killed by SIGKILL", "exited with code 1"
+    (a remote rank, remote.RemoteRank, describes itself)."""
+    if hasattr(proc, "describe"):
+        return proc.describe()
     code = proc.poll()
     if code is None:
         return "still running"
@@ -94,8 +97,8 @@ def spawn_workers(envs: list[dict], procs: list) -> list[Connection]:
 
 
 def stop_workers(procs: list, conns: list, logits_path: str | None) -> None:
-    """Stop every worker (close() and the finalizer): "stop", STOP_GRACE_S, SIGKILL; close the
-    sockets and remove the logits file if it is still there."""
+    """Stop every worker (close() and the finalizer): "stop", STOP_GRACE_S, SIGKILL (a remote rank:
+    its connection closed); close the sockets and remove the logits file if it is still there."""
     for c in conns:
         try:
             c.send(("stop",))
@@ -122,6 +125,8 @@ def stop_workers(procs: list, conns: list, logits_path: str | None) -> None:
             c.close()
         except OSError:
             pass
+    for p in procs:
+        getattr(p, "release", lambda: None)()  # a remote rank's own handle on its socket
     if logits_path:
         try:
             os.unlink(logits_path)
