@@ -5,7 +5,10 @@
 Prints the host (CPU model, flags), the read bandwidth of the host measured with a plain AVX2 sum
 over 1 GiB, the OpenMP fork/join cost, then per op and batch size: microseconds per call (the
 minimum over several repetitions: the least disturbed by other processes on a shared host) and
-GB/s, ours (avx2_fma, generic) against the composed op the model calls today.
+GB/s, ours (avx2_fma, generic) against the composed op the model calls today. The "w8a8" section
+(`--only w8a8`) times wint8's int8 x int8 GEMV (avx512_vnni and avx2_fma paths) against the
+weight-only int8 GEMV and the fp32 GEMV at one and two threads, with GB/s of weight bytes and the
+fraction of the read bandwidth measured at the same thread count.
 
 GEMV weights are "cold": every call reads a different copy of the weight, and the copies together
 exceed twice the L3 cache, so the weights come from DRAM as in a real decode step (a model's
@@ -146,6 +149,57 @@ def bench_gemv_int8(batches, quick, repeats, budget):
         del qs, w_kn
 
 
+def bench_w8a8(batches, repeats, budget, threads_list=(1, 2)):
+    """int8 x int8 GEMV (activations quantized in the call, groups of ck.W8A8_GROUP; vnni and avx2
+    paths) vs the weight-only int8 GEMV vs the fp32 GEMV, at SmolLM2's shapes, one and two threads,
+    cold weights (the "step" section adds the whole decode step's GEMVs). GB/s counts weight bytes read (int8 + scales,
+    or fp32); "% bw" is that against the host's read bandwidth measured here with the same thread
+    count, right before. Ratios (old / new time) come from the same command, best of `repeats`."""
+    g = ck.W8A8_GROUP
+    print(f"\n== wint8 GEMV: int8 x int8 (activations per row and group of {g or 'K'}) vs weight-only int8 vs fp32; "
+          f"cold weights; GB/s of weight bytes, % of the read bandwidth at the same thread count")
+    isas = [i for i in ("avx512_vnni", "avx2_fma") if i in ck.supported_isas()]
+    old_isa = "avx2_fma" if "avx2_fma" in ck.supported_isas() else "generic"
+    rng = np.random.default_rng(5)
+    buf = np.ones(256 << 20, np.float32)
+    bws = {}
+    for threads in threads_list:
+        bws[threads] = max(buf.nbytes / _timed(lambda: probes.read_bandwidth_probe(buf, threads)) / 1e9
+                           for _ in range(5))
+        print(f"read bandwidth, {threads} thread(s): {bws[threads]:.1f} GB/s")
+    del buf
+    summary = []
+    for name, n, k in GEMVS:  # one shape's cold copies at a time (memory)
+        w = rng.standard_normal((n, k), dtype=np.float32)
+        qs = [ck.quantize_int8(w) for _ in range(max(2, -(-budget // (n * k))))]
+        w32 = [paddle.to_tensor(w) for _ in range(max(2, -(-budget // (n * k * 4))))]
+        del w
+        b8, b32 = n * k + 4 * n, n * k * 4
+        for threads in threads_list:
+            ck.set_num_threads(threads)
+            paddle.base.core.set_num_threads(threads)
+            bw = bws[threads]
+            for b in batches:
+                x = paddle.to_tensor(rng.standard_normal((b, k), dtype=np.float32))
+                r8, r32 = max(len(qs), 10), max(len(w32), 10)
+                cols = [(f"w8a8 {i}", timeit(lambda j, i=i: ck.gemv_w8a8(x, *qs[j % len(qs)], isa=i, group=g), r8,
+                                             repeats), b8) for i in isas]
+                cols.append((f"int8 {old_isa}", timeit(lambda j: ck.gemv_int8(x, *qs[j % len(qs)], isa=old_isa), r8,
+                                                       repeats), b8))
+                cols.append((f"fp32 {old_isa}", timeit(lambda j: ck.gemv(x, w32[j % len(w32)], isa=old_isa), r32,
+                                                       repeats), b32))
+                best_new = min(c[1] for c in cols[:len(isas)])
+                print(f"{name} [{n}x{k}] B={b} T={threads}: " + "  ".join(
+                    f"{lab} {sec * 1e6:8.1f} us {nb / sec / 1e9:5.1f} GB/s ({nb / sec / 1e9 / bw:4.0%} bw)"
+                    for lab, sec, nb in cols) + f"  | new vs old int8 {cols[-2][1] / best_new:.2f}x, "
+                    f"vs fp32 {cols[-1][1] / best_new:.2f}x", flush=True)
+                summary.append((name, b, threads, cols, bw))
+        del qs, w32
+    ck.set_num_threads(max(threads_list))
+    paddle.base.core.set_num_threads(max(threads_list))
+    return summary
+
+
 def bench_step(batches, repeats):
     print("\n== all GEMVs of one decode step (30 layers x 4 + lm head; 538 MB fp32, 135 MB int8)")
     rng = np.random.default_rng(2)
@@ -181,11 +235,20 @@ def bench_step(batches, repeats):
                     paddle.matmul(xs[w.shape[0]], w)
             paddle.matmul(xs[HIDDEN], lm_t, transpose_y=True)  # the model's lm head (tied embedding)
 
+        w8a8_isa = ck.supported_isas()[0]
+
+        def ours8a8(_):  # what Int8Linear runs on a vector isa: activations quantized in the call
+            for ws in layers_q:
+                for q, s in ws:
+                    ck.gemv_w8a8(xs[q.shape[1]], q, s, isa=w8a8_isa, group=ck.W8A8_GROUP)
+            ck.gemv_w8a8(xs[HIDDEN], *lm_q, isa=w8a8_isa, group=ck.W8A8_GROUP)
+
         cols = [("avx2", timeit(ours, 1, repeats), total32), ("int8 avx2", timeit(ours8, 1, repeats), total8),
+                (f"w8a8 {w8a8_isa}", timeit(ours8a8, 1, repeats), total8),
                 ("composed", timeit(composed, 1, repeats), total32)]
         row(f"step GEMVs B={b}", cols)
         print(f"{'':<28}  -> GEMV-bound tokens/s at B={b}: ours fp32 {b / cols[0][1]:.0f}, ours int8 "
-              f"{b / cols[1][1]:.0f}, composed {b / cols[2][1]:.0f}")
+              f"{b / cols[1][1]:.0f}, ours w8a8 {b / cols[2][1]:.0f}, composed {b / cols[3][1]:.0f}")
 
 
 def bench_rotary(batches, repeats):
@@ -436,7 +499,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ctx", type=int, default=512, help="mean context length for attention")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="smaller cold-weight sets and bandwidth buffer")
-    ap.add_argument("--only", default="", help="comma list of sections: bw,gemv,int8,step,rotary,attn,norm,threads,"
+    ap.add_argument("--only", default="", help="comma list of sections: bw,gemv,int8,w8a8,step,rotary,attn,norm,threads,"
                     "crossover,decoder (default: all but crossover)")
     a = ap.parse_args(argv)
     batches = [int(b) for b in a.batches.split(",")]
@@ -458,6 +521,10 @@ def main(argv=None) -> int:
         bench_gemv(batches, a.quick, a.repeats, budget)
     if want("int8"):
         bench_gemv_int8(batches, a.quick, a.repeats, budget)
+    if want("w8a8"):
+        bench_w8a8(batches, a.repeats, budget)
+        ck.set_num_threads(a.threads)
+        paddle.base.core.set_num_threads(a.threads)
     if want("step"):
         bench_step(batches, a.repeats)
     if want("rotary"):

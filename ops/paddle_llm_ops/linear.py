@@ -6,8 +6,10 @@ kernel reads and returns a callable `lin(x [T, in]) -> [T, out]`:
 - ComposedLinear: paddle.matmul on [in, out] in the compute dtype (every place);
 - GemvLinear: the C++ CPU weight-streaming GEMV on [out, in] fp32 (cpu_kernels.linear; paddle.matmul
   with transpose_y on the same tensor for large batches), one copy of the weight;
-- Int8Linear: weight-only int8 (per-output-channel symmetric, fp32 scales), the C++ CPU int8 GEMV
-  (cpu_kernels.linear_int8), a quarter of the fp32 bytes read per step;
+- Int8Linear: int8 weights (per-output-channel symmetric, fp32 scales), a quarter of the fp32 bytes
+  read per step; on the vector isas (avx512_vnni, avx2_fma) the activations are quantized to int8
+  per row in each call and the C++ int8 x int8 GEMV runs (cpu_kernels.linear_w8a8), on "generic"
+  the weight-only int8 GEMV with fp32 activations (cpu_kernels.linear_int8);
 - Int4Linear: weight-only int4 (symmetric, one fp32 scale per group of input channels or per output
   channel), the C++ CPU int4 GEMV (cpu_kernels.linear_int4), an eighth of the fp32 bytes plus scales;
 - on a GCU, quantized linears are paddle_llm_ops.gcu.linear_quant.GcuQuantLinear (linear_quant_gcu).
@@ -65,23 +67,36 @@ class GemvLinear:
 
 
 class Int8Linear:
-    """Weight-only int8 through cpu_kernels.linear_int8: q [out, in] int8 and scale [out] fp32 with
-    scale = max|W[:, o]| / 127 and q = round(W / scale) (cpu_kernels.quantize_int8_numpy), so
-    |W - q * scale| <= scale / 2 per weight. Activations stay fp32."""
+    """int8 weights: q [out, in] int8 and scale [out] fp32 with scale = max|W[:, o]| / 127 and
+    q = round(W / scale) (cpu_kernels.quantize_int8_numpy), so |W - q * scale| <= scale / 2 per weight.
+
+    activations: "int8" quantizes x per row (cpu_kernels.W8A8_GROUP) in each call and multiplies
+    int8 x int8 (cpu_kernels.linear_w8a8: llama.cpp's Q8_0 scheme, AVX-512 VNNI or AVX2); "fp32"
+    keeps x in fp32 (cpu_kernels.linear_int8, the weight-only GEMV: int8 widened to fp32); None (the
+    default) picks "int8" on the isas of cpu_kernels.W8A8_ISAS and "fp32" on "generic". Both use the
+    same stored weights; above cpu_kernels.GEMV_INT8_MAX_BATCH rows (prefill) both multiply fp32
+    activations by the dequantized weight. Raises ValueError for another activations value."""
 
     kind = "int8"
 
-    def __init__(self, w_in_out: np.ndarray, bias: np.ndarray | None, isa: str):
+    def __init__(self, w_in_out: np.ndarray, bias: np.ndarray | None, isa: str, activations: str | None = None):
         from paddle_llm_ops import cpu_kernels
 
+        if activations is None:
+            activations = "int8" if isa in cpu_kernels.W8A8_ISAS else "fp32"
+        if activations not in ("int8", "fp32"):
+            raise ValueError(f"Int8Linear activations must be 'int8' or 'fp32', got {activations!r}")
         q, scale = cpu_kernels.quantize_int8_numpy(np.asarray(w_in_out, np.float32).T)
         self.qweight, self.scale = _const(from_numpy(q)), _const(from_numpy(scale))
         self.bias = _bias(bias, "float32")
         self.isa = isa
+        self.activations = activations
 
     def __call__(self, x: paddle.Tensor) -> paddle.Tensor:
         from paddle_llm_ops import cpu_kernels
 
+        if self.activations == "int8":
+            return cpu_kernels.linear_w8a8(x, self.qweight, self.scale, self.bias, self.isa, cpu_kernels.W8A8_GROUP)
         return cpu_kernels.linear_int8(x, self.qweight, self.scale, self.bias, self.isa)
 
 

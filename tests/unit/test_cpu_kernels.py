@@ -34,10 +34,14 @@ def _cpu_flags() -> set[str]:
 
 
 HOST_AVX2_FMA = {"avx2", "fma"} <= _cpu_flags()
+HOST_VNNI = HOST_AVX2_FMA and {"avx512f", "avx512bw", "avx512_vnni"} <= _cpu_flags()
 ISA_PARAMS = [
     pytest.param("generic", id="generic"),
     pytest.param("avx2_fma", id="avx2_fma",
                  marks=pytest.mark.skipif(not HOST_AVX2_FMA, reason="this CPU has no avx2+fma in /proc/cpuinfo")),
+    # every op runs its AVX2+FMA code on this isa too (only the int8 x int8 GEMV has VNNI code)
+    pytest.param("avx512_vnni", id="avx512_vnni",
+                 marks=pytest.mark.skipif(not HOST_VNNI, reason="this CPU has no avx512f/bw/vnni in /proc/cpuinfo")),
 ]
 
 
@@ -61,7 +65,10 @@ def rel_err(got, ref) -> float:
 # ------------------------------------------------------------------------------------ dispatch
 def test_library_cpu_check_agrees_with_cpuinfo():
     assert ck.cpu_supports_avx2_fma() == HOST_AVX2_FMA
-    assert ck.supported_isas() == (("avx2_fma", "generic") if HOST_AVX2_FMA else ("generic",))
+    assert ck.cpu_supports_avx512_vnni() == HOST_VNNI
+    want = ("avx512_vnni", "avx2_fma", "generic") if HOST_VNNI else ("avx2_fma", "generic") if HOST_AVX2_FMA \
+        else ("generic",)
+    assert ck.supported_isas() == want
 
 
 def test_isa_selection_is_validated():
@@ -71,8 +78,9 @@ def test_isa_selection_is_validated():
 
 
 def test_avx2_code_only_in_avx2_functions():
-    """Every function of the library that contains a VEX instruction is one of the target-attribute
-    (AVX2) functions: the generic path and the op glue run on any x86-64."""
+    """Every function of the library that contains a VEX (or EVEX) instruction is one of the
+    target-attribute functions (AVX2, or AVX-512 VNNI: names with "vnni"): the generic path and the
+    op glue run on any x86-64."""
     import shutil
     import subprocess
 
@@ -89,7 +97,9 @@ def test_avx2_code_only_in_avx2_functions():
             if len(parts) > 1 and parts[1].startswith("v"):
                 vex_functions.add(fn)
     assert vex_functions, "no AVX2 code found at all"
-    assert all("avx2" in f for f in vex_functions), sorted(f for f in vex_functions if "avx2" not in f)
+    simd = ("avx2", "vnni")
+    assert all(any(m in f for m in simd) for f in vex_functions), \
+        sorted(f for f in vex_functions if not any(m in f for m in simd))
 
 
 # ------------------------------------------------------------------------------------ GEMV fp32
@@ -178,7 +188,7 @@ def test_gemv_int8_exact_and_within_quantization_bound(isa, b, n, k, with_bias):
     bias = rng.standard_normal(n).astype(np.float32) if with_bias else None
     q, s = ck.quantize_int8_numpy(w)
     got = ck.gemv_int8(t(x), t(q), t(s), None if bias is None else t(bias), isa=isa).numpy()
-    model = gemv_int8_reference(x, q, s, bias, fused=(isa == "avx2_fma"))
+    model = gemv_int8_reference(x, q, s, bias, fused=(isa != "generic"))
     assert np.array_equal(got, model), f"max diff {np.abs(got - model).max()}"
     # against fp32 weights: each weight is off by <= scale/2, so |dy| <= sum|x| * scale / 2
     exact = x.astype(np.float64) @ w.T.astype(np.float64) + (0 if bias is None else bias)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pytest
 
 from paddle_llm_engine import EngineConfig, LLMEngine
@@ -24,6 +25,11 @@ flags		: fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat pse36
 XEON_AVX512 = """processor	: 0
 model name	: Intel(R) Xeon(R) Processor
 flags		: fpu sse sse2 ssse3 fma sse4_1 sse4_2 avx f16c avx2 avx512f avx512dq avx512cd avx512bw avx512vl
+"""
+# A Zen 5 EPYC as issue 17 measured on: AVX-512 with VNNI (the int8 x int8 GEMV's vpdpbusd path).
+ZEN5_VNNI = """processor	: 0
+model name	: AMD EPYC 9B45
+flags		: fpu sse sse2 ssse3 fma sse4_1 sse4_2 avx f16c avx2 avx512f avx512dq avx512cd avx512bw avx512vl avx512_bf16 avx512vbmi avx512_vnni avx512_bitalg
 """
 OLD_SSE_ONLY = """model name	: QEMU Virtual CPU
 flags		: fpu sse sse2 ssse3
@@ -253,7 +259,7 @@ def test_opset_follows_the_fused_moe_decision():
 
 
 @pytest.mark.parametrize("cpuinfo, isa", [(EPYC_AVX2, "avx2_fma"), (XEON_AVX512, "avx2_fma"),
-                                           (OLD_SSE_ONLY, "generic")])
+                                           (ZEN5_VNNI, "avx512_vnni"), (OLD_SSE_ONLY, "generic")])
 def test_cpu_kernels_isa_follows_the_flags(cpuinfo, isa):
     v = Verifier()
     plan = decide(facts(cpuinfo, cpu_kernels_built=True), verify=v)
@@ -262,9 +268,30 @@ def test_cpu_kernels_isa_follows_the_flags(cpuinfo, isa):
     assert v.args == [("cpu_kernels", "float32", {"isa": isa})]
     assert plan.kernels["fused_rms_norm"] is False
     assert "fused_rms_norm: off, the C++ CPU kernels' RMSNorm runs instead" in plan.decisions
-    want = ("cpu_kernels: on, AVX2+FMA path, the CPU has avx2 and fma" if isa == "avx2_fma"
-            else "cpu_kernels: on, portable path, the CPU lacks avx2, fma")
+    want = {"avx2_fma": "cpu_kernels: on, AVX2+FMA path, the CPU has avx2 and fma",
+            "avx512_vnni": "cpu_kernels: on, AVX-512 VNNI path for int8 dot products and AVX2+FMA for the rest, the "
+                           "CPU has avx2, fma, avx512f, avx512bw, avx512_vnni",
+            "generic": "cpu_kernels: on, portable path, the CPU lacks avx2, fma"}[isa]
     assert want + "; verified: max difference 1e-06" in plan.decisions
+
+
+@pytest.mark.parametrize("cpuinfo, how", [
+    (ZEN5_VNNI, "quantized to int8 in each call, one fp32 scale per row and 32 input channels (llama.cpp's Q8_0 "
+                "block); int8 x int8 dot products with int32 sums on AVX-512 VNNI (vpdpbusd)"),
+    (XEON_AVX512, "int8 x int8 dot products with int32 sums on AVX2 (vpmaddubsw/vpmaddwd)"),
+    (EPYC_AVX2, "int8 x int8 dot products with int32 sums on AVX2 (vpmaddubsw/vpmaddwd)"),
+    (OLD_SSE_ONLY, "fp32, weight-only int8 GEMV (the portable path"),
+])
+def test_wint8_path_follows_the_cpu_flags(cpuinfo, how):
+    plan = decide(facts(cpuinfo, cpu_kernels_built=True), verify=Verifier(), quantization="wint8")
+    line = next(d for d in plan.decisions if d.startswith("wint8 activations: "))
+    assert how in line, line
+    assert plan.decisions[-1].startswith("quantization wint8: ")
+    # the linears follow the isa: int8 activations on the vector isas, fp32 on the portable path
+    from paddle_llm_ops.linear import Int8Linear
+
+    lin = Int8Linear(np.ones((64, 8), np.float32), None, plan.cpu_isa)
+    assert lin.activations == ("fp32" if plan.cpu_isa == "generic" else "int8")
 
 
 def test_cpu_kernels_off_where_they_cannot_serve():
@@ -293,7 +320,8 @@ def test_this_host_plan_follows_its_cpu_flags(caplog):
     assert plan.dtype == "float32"
     assert cpu_kernels.available(), "set-up builds the C++ CPU kernels"
     assert plan.kernels["cpu_kernels"] is True
-    assert plan.cpu_isa == ("avx2_fma" if cpu.has("avx2", "fma") else "generic")
+    vnni = cpu.has("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni")
+    assert plan.cpu_isa == ("avx512_vnni" if vnni else "avx2_fma" if cpu.has("avx2", "fma") else "generic")
     assert composed.kernels == kernels_on(cpu_kernels=False, fused_rms_norm=False, fused_moe=False)
     if not cpu.has("avx512f"):
         with pytest.raises(PlatformError, match="CPU lacks avx512f"):

@@ -55,6 +55,9 @@ GCU_GROUP_SIZES = (-1, 64, 128)
 # The fused mixture-of-experts kernel: paddle-custom-gcu's custom operators, as FastDeploy's GCU MoE
 # uses them (paddle_llm_ops.moe). Paddle itself registers none for the CPU (its fused_moe is CUDA-only).
 FUSED_MOE_OPS = gcu_kernels.FUSED_MOE_OPS
+# The C++ CPU kernels' AVX-512 path (isa "avx512_vnni": vpdpbusd for the int8 x int8 GEMV of wint8,
+# AVX2+FMA code for every other op): the flags its code needs besides avx2 and fma.
+CPU_VNNI_FLAGS = ("avx512f", "avx512bw", "avx512_vnni")
 # Paddle 3.3's CPU fused_rms_norm (phi::fusion::RmsNormAvxKernel) executes AVX-512 instructions
 # whatever the CPU: on an AVX2-only host the process dies with SIGILL.
 FUSED_RMS_NORM_CPU_FLAGS = ("avx512f",)
@@ -91,7 +94,7 @@ class PlatformPlan:
     the dtype the cache is viewed as for gathers (same width as kv_cache_dtype; differs when the
     place has no gather kernel for the cache's own dtype); kernels: optional kernel name -> on;
     flags: Paddle flags to set before the model is built; cpu_isa: the dispatch path of the C++ CPU
-    kernels ("avx2_fma" | "generic") when kernels["cpu_kernels"] is on, else None; quantization: "",
+    kernels ("avx512_vnni" | "avx2_fma" | "generic") when kernels["cpu_kernels"] is on, else None; quantization: "",
     "wint8" or "wint4"; quantization_group_size: -1 (per output channel) or the input channels per
     scale (resolved, never 0); decisions: one log line per decision, each with its reason."""
 
@@ -235,14 +238,20 @@ def _fused_rms_norm(facts: PlaceFacts, dtype: str) -> tuple[bool, str]:
 
 def _cpu_kernels(facts: PlaceFacts, dtype: str, kv: str) -> tuple[bool, str, str | None]:
     """(can run, reason, isa) for the C++ CPU kernels (paddle_llm_ops.cpu_kernels). The isa comes
-    from the CPU's flags: the AVX2+FMA code only where both are present, else the portable code."""
+    from the CPU's flags: "avx512_vnni" (AVX-512 VNNI int8 dot products for wint8, AVX2+FMA for the
+    rest) where avx2, fma, avx512f, avx512bw and avx512_vnni are all present; "avx2_fma" where avx2
+    and fma are; else "generic" (portable code)."""
     if facts.device.kind != "cpu":
         return False, "the C++ CPU kernels serve the CPU place only; the device's own kernels run", None
     if not facts.cpu_kernels_built:
         return False, f"not available: {facts.cpu_kernels_detail}", None
     if dtype != "float32" or kv != "float32":
         return False, f"they need float32 compute and a float32 KV cache (dtype {dtype}, kv_cache_dtype {kv})", None
+    if facts.cpu.has("avx2", "fma", *CPU_VNNI_FLAGS):
+        return (True, "AVX-512 VNNI path for int8 dot products and AVX2+FMA for the rest, the CPU has avx2, fma, "
+                f"{', '.join(CPU_VNNI_FLAGS)}", "avx512_vnni")
     if facts.cpu.has("avx2", "fma"):
+        # (the wint8 decision line says the int8 dot products run on AVX2 here)
         return True, "AVX2+FMA path, the CPU has avx2 and fma", "avx2_fma"
     return True, f"portable path, the CPU lacks {', '.join(facts.cpu.missing('avx2', 'fma'))}", "generic"
 
@@ -263,6 +272,8 @@ def _decide_quantization(facts: PlaceFacts, quant: tuple[str, int], dtype: str, 
         if cpu_isa is None:
             raise PlatformError(f"quantization {quantization} on the CPU runs on the C++ int{bits} GEMV, but the C++ "
                                 f"CPU kernels are off ({cpu_reason}); use kernels auto or leave quantization empty")
+        if bits == 8:  # its own line first: the quantization line stays last (and unchanged in form)
+            out.append(f"wint8 activations: {_int8_cpu_path(cpu_isa)}")
         out.append(f"quantization {quantization}: {what} (fp32 scales), C++ int{bits} GEMV ({cpu_isa}) for every "
                    f"linear and the LM head")
         return
@@ -277,6 +288,20 @@ def _decide_quantization(facts: PlaceFacts, quant: tuple[str, int], dtype: str, 
                             f"paddle-custom-gcu's linear_quant_gcu, and {reason}; leave quantization empty")
     out.append(f"quantization {quantization}: {what} (scales in {dtype}), linear_quant_gcu for every linear and "
                f"the LM head; {reason}")
+
+
+def _int8_cpu_path(cpu_isa: str) -> str:
+    """How wint8 linears treat activations on the CPU for a C++ kernel isa (the default of
+    paddle_llm_ops.linear.Int8Linear: int8 on the vector isas, fp32 on the portable path)."""
+    group = "one fp32 scale per row and 32 input channels (llama.cpp's Q8_0 block)"
+    if cpu_isa == "avx512_vnni":
+        return f"quantized to int8 in each call, {group}; int8 x int8 dot products with int32 sums on AVX-512 VNNI " \
+               f"(vpdpbusd)"
+    if cpu_isa == "avx2_fma":
+        return f"quantized to int8 in each call, {group}; int8 x int8 dot products with int32 sums on AVX2 " \
+               f"(vpmaddubsw/vpmaddwd)"
+    return ("fp32, weight-only int8 GEMV (the portable path; int8 x int8 is chosen where AVX2 or AVX-512 VNNI "
+            "makes it faster)")
 
 
 def _verified(name: str, reason: str, verify: Verify, dtype: str, params: dict) -> tuple[bool, str]:

@@ -5,9 +5,10 @@ Built once at set-up (`scripts/setup.sh` runs `build.py`, cached by source hash 
 `paddle_llm_ops` stay the reference and the fallback: nothing here changes them.
 
 Dispatch: every op runs either its AVX2+FMA code or its portable C++ code, chosen by the `isa`
-argument ("avx2_fma" | "generic"; default "generic"). The caller (the platform layer) decides from
-the CPU's flags; the library additionally refuses "avx2_fma" on a CPU without AVX2+FMA (the op
-raises), so an instruction the CPU lacks is never executed.
+argument ("avx512_vnni" | "avx2_fma" | "generic"; default "generic"). "avx512_vnni" runs the int8 x
+int8 GEMV (gemv_w8a8) on AVX-512 VNNI and every other op on its AVX2+FMA code. The caller (the
+platform layer) decides from the CPU's flags; the library additionally refuses an isa the CPU's
+cpuid lacks (the op raises), so an instruction the CPU lacks is never executed.
 
 Threads: only large ops (GEMV over big weights, attention over long contexts, long prefill rows)
 open an OpenMP region, on the OpenMP runtime the paddle wheel already uses (libiomp5: one team
@@ -22,6 +23,11 @@ Ops (all fp32 unless stated; B = decode batch, T = tokens of a step):
   gemv / linear             x [B, K] . w [N, K]^T (+ bias [N])                       -> [B, N]
   gemv_int8 / linear_int8   (x [B, K] . q [N, K]^T) * scale [N] (+ bias)  (q int8)   -> [B, N]
   quantize_int8             w [N, K] -> (q [N, K] int8, scale [N])
+  gemv_w8a8 / linear_w8a8   the same weights, x quantized to int8 in the call (per row and group
+                            of `group` input channels; wint8: 32), int8 x int8 dot products with
+                            int32 sums                                            -> [B, N]
+  quantize_activations_int8 x [B, K] -> (xq [B, K] int8, xs [B, groups]) (the kernel's own step)
+  int8_dot_groups           xq [B, K] int8 . q [N, K]^T per group -> int32 [B, N, groups] (tests)
   gemv_int4 / linear_int4   x [B, K] . (q * scale)^T (+ bias)  (q [N, K/2] packed int4,
                             scale [N, K / group] fp32)                            -> [B, N]
   dequantize_int4           (q, scale, K) -> the fp32 [N, K] weight gemv_int4 multiplies by
@@ -43,7 +49,16 @@ import paddle
 from paddle_llm_ops.host_tensor import from_numpy
 from paddle_llm_ops.cpu_kernels import build as _build
 
-ISAS = ("avx2_fma", "generic")
+ISAS = ("avx512_vnni", "avx2_fma", "generic")
+# The isas on which Int8Linear quantizes activations (gemv_w8a8) by default; on "generic" it keeps the
+# weight-only int8 GEMV (more accurate; plain C++ int8 dot products are not measured to be faster).
+W8A8_ISAS = ("avx512_vnni", "avx2_fma")
+# Activation group for gemv_w8a8 in Int8Linear: one fp32 scale per 32 input channels of each row
+# of x, llama.cpp's Q8_0 block. Measured on SmolLM2 (tests/model/test_wint8.py's prompts): one
+# scale per row moved the prefill logits 1.15 from the weight-only int8 path and kept 1 of 8 prompts
+# greedy-identical to fp32 over 24 tokens (the test needs 4); groups of 32: 0.38 and 4 of 8, the
+# weight-only path's own figures. Groups of 32 run the lane paths of csrc/gemv_w8a8.cc.
+W8A8_GROUP = 32
 
 # Batches up to this size use our GEMV in `linear`; larger ones (prefill) use paddle.matmul on the
 # same [N, K] weight with transpose_y=True (MKL). Host-dependent (benchmarks/bench_kernels.py
@@ -110,9 +125,17 @@ def cpu_supports_avx2_fma() -> bool:
     return bool(_cdll.plk_cpu_has_avx2_fma())
 
 
+def cpu_supports_avx512_vnni() -> bool:
+    """The library's own check for AVX-512 F/BW/VNNI plus AVX2+FMA (cpuid + OS state). Needs the library."""
+    load()
+    return bool(_cdll.plk_cpu_has_avx512_vnni())
+
+
 def supported_isas() -> tuple[str, ...]:
     """The isas this CPU can run, best first."""
-    return ISAS if cpu_supports_avx2_fma() else ("generic",)
+    if not cpu_supports_avx2_fma():
+        return ("generic",)
+    return ISAS if cpu_supports_avx512_vnni() else ("avx2_fma", "generic")
 
 
 def set_num_threads(n: int) -> None:
@@ -182,6 +205,84 @@ def linear_int8(x: paddle.Tensor, q: paddle.Tensor, scale: paddle.Tensor, bias: 
         return gemv_int8(x, q, scale, bias, isa)
     y = paddle.matmul(x, dequantize_int8(q, scale), transpose_y=True)
     return y if bias is None else y + bias
+
+
+def gemv_w8a8(x: paddle.Tensor, q: paddle.Tensor, scale: paddle.Tensor, bias: paddle.Tensor | None = None,
+              isa: str = "generic", group: int = 0) -> paddle.Tensor:
+    """int8 weights x dynamically quantized int8 activations (llama.cpp's Q8_0 x Q8_0 scheme,
+    ggml_vec_dot_q8_0_q8_0, with a per-output-channel weight scale):
+
+        xs[b, g] = max |x[b, group g]| / 127,  xq = clamp(round-half-even(x / xs), -127, 127)
+        acc[b, n, g] = sum_{k in g} xq[b, k] * q[n, k]            (exact int32)
+        y[b, n] = (sum_g xs[b, g] * acc[b, n, g]) * scale[n] (+ bias[n])
+
+    x: [B, K] fp32; q: [N, K] int8 in [-127, 127] and scale: [N] fp32 (from quantize_int8); bias:
+    [N] fp32 or None; group: input channels per activation scale, 0 (or >= K) = one per row, else a
+    multiple of 32 (at most 65536). Returns [B, N] fp32, bit-identical on every isa ("avx512_vnni":
+    vpdpbusd; "avx2_fma": vpmaddubsw on |q| and sign(q) * xq; "generic": C++ int loops; see
+    csrc/gemv_w8a8.cc) and to w8a8_reference_numpy. Error against gemv_int8 (fp32 activations):
+    at most sum_k |x - xq * xs| |q| scale <= (xs / 2) * sum_k |q[n, k]| * scale[n] per output.
+    Raises ValueError on wrong dtypes/shapes/places, a bad group or an isa the CPU lacks."""
+    return _run("plk_gemv_w8a8", x, q, scale, bias, int(group), _resolve(isa))[0]
+
+
+def linear_w8a8(x: paddle.Tensor, q: paddle.Tensor, scale: paddle.Tensor, bias: paddle.Tensor | None = None,
+                isa: str = "generic", group: int = 0) -> paddle.Tensor:
+    """`gemv_w8a8` for B <= GEMV_INT8_MAX_BATCH; above, x @ dequantize_int8(q, scale)^T with
+    paddle.matmul on fp32 activations (as linear_int8: prefill keeps fp32 activations)."""
+    if x.shape[0] <= GEMV_INT8_MAX_BATCH:
+        return gemv_w8a8(x, q, scale, bias, isa, group)
+    y = paddle.matmul(x, dequantize_int8(q, scale), transpose_y=True)
+    return y if bias is None else y + bias
+
+
+def quantize_activations_int8(x: paddle.Tensor, group: int = 0) -> tuple[paddle.Tensor, paddle.Tensor]:
+    """The activation step of gemv_w8a8, as its own op: x [B, K] fp32 -> (xq [B, K] int8,
+    xs [B, groups] fp32), groups = ceil(K / group) (1 for group 0). Raises ValueError as gemv_w8a8."""
+    xq, xs = _run("plk_quantize_act_int8", x, int(group))
+    return xq, xs
+
+
+def int8_dot_groups(xq: paddle.Tensor, q: paddle.Tensor, group: int = 0, isa: str = "generic") -> paddle.Tensor:
+    """The integer core of gemv_w8a8: acc[b, n, g] = sum_{k in group g} xq[b, k] * q[n, k] as int32
+    [B, N, groups]. xq: [B, K] int8, q: [N, K] int8, both in [-127, 127] (ValueError otherwise:
+    the AVX2 path's sign trick needs it). Exact on every isa (for tests and the kernel check)."""
+    return _run("plk_int8_dot_groups", xq, q, int(group), _resolve(isa))[0]
+
+
+def quantize_activations_numpy(x: np.ndarray, group: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """numpy version of quantize_activations_int8 (same bits): per row b and group g of `group`
+    input channels (0: the whole row), xs = max |x| / 127 (fp32), xq = clip(rint(x / xs), -127, 127)
+    (fp32 division; an all-zero group gets xs 0 and xq 0)."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    b, k = x.shape
+    g = k if group <= 0 or group >= k else int(group)
+    groups = -(-k // g)
+    xq = np.zeros((b, k), np.int8)
+    xs = np.zeros((b, groups), np.float32)
+    for j in range(groups):
+        part = x[:, j * g:(j + 1) * g]
+        s = (np.abs(part).max(axis=1) / np.float32(127)).astype(np.float32)
+        safe = np.where(s > 0, s, np.float32(1))[:, None]
+        qj = np.clip(np.rint(part / safe), -127, 127).astype(np.int8)
+        qj[s == 0] = 0
+        xq[:, j * g:(j + 1) * g], xs[:, j] = qj, s
+    return xq, xs
+
+
+def w8a8_reference_numpy(x: np.ndarray, q: np.ndarray, scale: np.ndarray, bias: np.ndarray | None = None,
+                         group: int = 0) -> np.ndarray:
+    """gemv_w8a8's result computed in numpy (int64 sums, then the kernel's fp32 epilogue in its order);
+    bit-identical to the kernel on every isa."""
+    xq, xs = quantize_activations_numpy(x, group)
+    k = x.shape[1]
+    g = k if group <= 0 or group >= k else int(group)
+    v = np.zeros((x.shape[0], q.shape[0]), np.float32)
+    for j in range(xs.shape[1]):
+        acc = xq[:, j * g:(j + 1) * g].astype(np.int64) @ q[:, j * g:(j + 1) * g].astype(np.int64).T
+        v = (v + xs[:, j:j + 1] * acc.astype(np.float32)).astype(np.float32)
+    y = (v * scale[None, :].astype(np.float32)).astype(np.float32)
+    return y if bias is None else (y + bias.astype(np.float32)).astype(np.float32)
 
 
 def quantize_int4_numpy(w: np.ndarray, group_size: int = -1) -> tuple[np.ndarray, np.ndarray]:
@@ -328,7 +429,9 @@ def paged_decode_attention(q: paddle.Tensor, k_cache: paddle.Tensor, v_cache: pa
 
 __all__ = [
     "GEMV_INT4_MAX_BATCH", "GEMV_INT8_MAX_BATCH", "GEMV_MAX_BATCH", "ISAS", "KernelsNotBuiltError", "add_rms_norm", "available",
-    "cpu_supports_avx2_fma", "dequantize_int4", "dequantize_int8", "gemv", "gemv_int4", "gemv_int8", "get_num_threads",
+    "W8A8_GROUP", "W8A8_ISAS", "cpu_supports_avx2_fma", "cpu_supports_avx512_vnni", "dequantize_int4", "dequantize_int8", "gemv", "gemv_int4", "gemv_int8", "gemv_w8a8",
+    "get_num_threads", "int8_dot_groups", "linear_w8a8", "quantize_activations_int8", "quantize_activations_numpy",
+    "w8a8_reference_numpy",
     "library_path", "linear", "linear_int4", "linear_int8", "load", "paged_decode_attention", "quantize_int4_numpy",
     "quantize_int8", "quantize_int8_numpy", "rms_norm",
     "rotary_kv_write", "set_num_threads", "supported_isas",

@@ -1,7 +1,8 @@
 """Checks of the CPU place's optional kernels (see kernel_checks/__init__.py for the contract).
 
 - "cpu_kernels": every op of paddle_llm_ops.cpu_kernels the cpu OpSet calls (rms_norm, add_rms_norm,
-  the fp32 GEMV, int8 quantization and GEMV, the int4 GEMV, rotary + paged
+  the fp32 GEMV, int8 quantization and GEMV, the int8 x int8 GEMV of wint8 (activations quantized in
+  the call), the int4 GEMV, rotary + paged
   KV write, paged decode attention), on the dispatch path given as `isa`, against composed Paddle
   ops written here (independent of the kernels' own code). fp32 only: the kernels have no other.
 - "fused_rms_norm": Paddle's paddle.incubate.nn.functional.fused_rms_norm against the composed
@@ -66,7 +67,44 @@ def _linear_parts(ck, rng, isa: str) -> dict[str, tuple[float, float]]:
         out[f"gemv+bias batch {b}"] = difference(ck.gemv(x, _t(w), _t(bias), isa), ref + _t(bias))
         out[f"gemv_int8 batch {b}"] = difference(ck.gemv_int8(x, q, s, _t(bias), isa),
                                                  paddle.matmul(x, deq, transpose_y=True) + _t(bias))
+    out.update(_w8a8_parts(ck, rng, isa, w, q_np, s_np, bias))
     out.update(_int4_parts(ck, rng, isa))
+    return out
+
+
+def _w8a8_parts(ck, rng, isa: str, w, q_np, s_np, bias) -> dict[str, tuple[float, float]]:
+    """The int8 x int8 GEMV (gemv_w8a8), where the library has it:
+    - its integer core (int8_dot_groups) against numpy int64 sums: exact (difference 0);
+    - the GEMV against the composed matmul of the dequantized activations xq * xs (quantized here in
+      numpy) and the dequantized weights: fp32 rounding only, under the usual tolerance;
+    - the GEMV against the composed matmul of the fp32 activations: the difference may be as large
+      as activation rounding allows, |x - xq xs| <= xs / 2 per element, so per output
+      bound = (xs / 2) * sum_k |q[n, k] scale[n]| (+ 1e-5 relative for the fp32 sums); the part
+      reports by how much the difference exceeds that bound (0 when within it)."""
+    if not hasattr(ck, "gemv_w8a8"):
+        return {}
+    n, k = q_np.shape
+    deq = _t(q_np.astype(np.float32) * s_np[:, None])
+    out = {}
+    for b, group in ((1, 0), (5, 0), (ck.GEMV_MAX_BATCH, 0), (3, 64)):
+        x_np = random_array(rng, (b, k))
+        xq, xs = ck.quantize_activations_numpy(x_np, group)
+        g = k if group <= 0 or group >= k else group
+        exact = np.stack([xq[:, j * g:(j + 1) * g].astype(np.int64) @ q_np[:, j * g:(j + 1) * g].astype(np.int64).T
+                          for j in range(xs.shape[1])], axis=-1)
+        out[f"int8_dot_groups group {group} batch {b}"] = difference(
+            ck.int8_dot_groups(_t(xq), _t(q_np), group, isa).astype("float64"), exact.astype(np.float64))
+        xdeq = xq.astype(np.float32) * np.repeat(xs, g, axis=1)[:, :k]
+        got = ck.gemv_w8a8(_t(x_np), _t(q_np), _t(s_np), _t(bias), isa, group)
+        out[f"gemv_w8a8 group {group} batch {b}"] = difference(
+            got, paddle.matmul(_t(xdeq), deq, transpose_y=True) + _t(bias))
+        ref = paddle.matmul(_t(x_np), deq, transpose_y=True) + _t(bias)
+        err = np.abs(got.numpy().astype(np.float64) - ref.numpy())
+        half_step = np.repeat(xs, g, axis=1)[:, :k].astype(np.float64) / 2
+        bound = half_step @ np.abs(q_np.astype(np.float64) * s_np[:, None]).T
+        bound += 1e-5 * np.maximum(1.0, np.abs(ref.numpy()))
+        out[f"gemv_w8a8 group {group} batch {b} vs fp32 activations (over the rounding bound)"] = (
+            float(np.maximum(err - bound, 0).max()), float(np.abs(ref.numpy()).max()))
     return out
 
 
@@ -182,7 +220,7 @@ def _decode_parts(ck, rng, isa: str) -> dict[str, tuple[float, float]]:
 
 @register("cpu_kernels", build_id=_library_build)
 def check_cpu_kernels(dtype: str, isa: str = "generic") -> tuple[float, float, str]:
-    """The C++ CPU kernels on dispatch path `isa` ("avx2_fma" | "generic") against composed Paddle
+    """The C++ CPU kernels on dispatch path `isa` ("avx512_vnni" | "avx2_fma" | "generic") against composed Paddle
     ops on the CPU. Raises ValueError for a dtype other than float32 (the kernels have no other) and
     whatever the library raises (not built, isa not supported by this CPU)."""
     if dtype != "float32":

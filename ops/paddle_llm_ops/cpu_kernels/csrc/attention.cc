@@ -238,7 +238,7 @@ void paged_decode_attention(Isa isa, const DecodeAttnArgs& a) {
   first[a.B * a.kvh] = static_cast<int64_t>(tasks.size());
   partial.resize(std::max<size_t>(1, tasks.size() * G * (d + 2)));
   Ctx c{&a, tasks.data(), partial.data(), G};
-  const bool avx = isa == Isa::kAvx2Fma && d % 8 == 0;
+  const bool avx = isa != Isa::kGeneric && d % 8 == 0;
   parallel_tasks(static_cast<int64_t>(tasks.size()), threads, avx ? run_tasks_avx2 : run_tasks_generic, &c);
   // Merge the chunks of every (b, g) and normalize.
   for (int64_t bg = 0; bg < a.B * a.kvh; ++bg) {

@@ -29,6 +29,11 @@ bool cpu_has_avx2_fma() {
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 
+bool cpu_has_avx512_vnni() {
+  return cpu_has_avx2_fma() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vnni");
+}
+
 int num_threads() {
   int n = g_threads.load(std::memory_order_relaxed);
   if (n >= 1) return n;
@@ -94,6 +99,7 @@ extern "C" {
 void plk_set_num_threads(int n) { plk::set_num_threads(n); }
 int plk_num_threads() { return plk::num_threads(); }
 int plk_cpu_has_avx2_fma() { return plk::cpu_has_avx2_fma() ? 1 : 0; }
+int plk_cpu_has_avx512_vnni() { return plk::cpu_has_avx512_vnni() ? 1 : 0; }
 void plk_set_threading_policy(int policy) { plk::set_threading_policy(policy); }
 
 // Mean microseconds of an empty OpenMP region of `threads` threads on the runtime the kernels use,

@@ -13,10 +13,14 @@
 
 namespace plk {
 
-enum class Isa : int { kGeneric = 0, kAvx2Fma = 1 };
+// kAvx512Vnni: the int8 x int8 GEMV (gemv_w8a8.cc) runs AVX-512 VNNI code; every other op runs its
+// AVX2+FMA code (kernels test `isa != Isa::kGeneric` for their AVX2 path).
+enum class Isa : int { kGeneric = 0, kAvx2Fma = 1, kAvx512Vnni = 2 };
 
 // True when the CPU and the OS (XSAVE state) support AVX2 and FMA (GCC's __builtin_cpu_supports).
 bool cpu_has_avx2_fma();
+// True when it also supports AVX-512 F, BW and VNNI (zmm state enabled by the OS).
+bool cpu_has_avx512_vnni();
 
 // Threads the kernels may use (>= 1): set_num_threads() if called with n >= 1, else the CPUs in
 // this process's affinity mask.

@@ -242,13 +242,13 @@ void run(const GemvCtx& c, int64_t weight_bytes, RangeFn fn) {
 void gemv_f32(Isa isa, const float* x, const float* w, const float* bias, float* y, int64_t B, int64_t N,
               int64_t K) {
   GemvCtx c{x, w, nullptr, bias, y, B, N, K};
-  run(c, N * K * 4, isa == Isa::kAvx2Fma ? range_f32_avx2 : range_f32_generic);
+  run(c, N * K * 4, isa != Isa::kGeneric ? range_f32_avx2 : range_f32_generic);
 }
 
 void gemv_int8(Isa isa, const float* x, const int8_t* q, const float* scale, const float* bias, float* y,
                int64_t B, int64_t N, int64_t K) {
   GemvCtx c{x, q, scale, bias, y, B, N, K};
-  run(c, N * K, isa == Isa::kAvx2Fma ? range_i8_avx2 : range_i8_generic);
+  run(c, N * K, isa != Isa::kGeneric ? range_i8_avx2 : range_i8_generic);
 }
 
 // The fp32 tiles over nr weight rows on the calling thread: y and bias point at the block's first
@@ -256,7 +256,7 @@ void gemv_int8(Isa isa, const float* x, const int8_t* q, const float* scale, con
 void gemv_f32_block(Isa isa, const float* x, const float* w, const float* bias, float* y, int64_t B, int64_t ldy,
                     int64_t K, int64_t nr) {
   GemvCtx c{x, w, nullptr, bias, y, B, ldy, K};
-  (isa == Isa::kAvx2Fma ? range_f32_avx2 : range_f32_generic)(&c, 0, nr);
+  (isa != Isa::kGeneric ? range_f32_avx2 : range_f32_generic)(&c, 0, nr);
 }
 
 // Row-wise symmetric int8: scale[n] = max_k |w[n, k]| / 127 (fp32 division), q = round-half-even

@@ -200,14 +200,14 @@ void gemv_int4(Isa isa, const float* x, const uint8_t* q, const float* scale, in
   Int4Ctx c{x, q, scale, bias, y, B, N, K, K / groups, groups};
   const int64_t work = N * row_bytes(K) + B * N * K / 2;  // weight traffic, plus compute for larger B
   parallel_ranges(N, kR1, threads_for(work, kBytesPerThread),
-                  isa == Isa::kAvx2Fma ? range_int4_avx2 : range_int4_generic, &c);
+                  isa != Isa::kGeneric ? range_int4_avx2 : range_int4_generic, &c);
 }
 
 void dequantize_int4(Isa isa, const uint8_t* q, const float* scale, int64_t groups, float* out, int64_t N,
                      int64_t K) {
   Int4Ctx c{nullptr, q, scale, nullptr, out, 1, N, K, K / groups, groups};
   parallel_ranges(N, kR1, threads_for(N * K * 4, kBytesPerThread),
-                  isa == Isa::kAvx2Fma ? dequant_range_avx2 : dequant_range_generic, &c);
+                  isa != Isa::kGeneric ? dequant_range_avx2 : dequant_range_generic, &c);
 }
 
 }  // namespace plk

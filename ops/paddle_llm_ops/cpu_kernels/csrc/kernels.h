@@ -16,6 +16,15 @@ void gemv_f32(Isa isa, const float* x, const float* w, const float* bias, float*
 // y [B, N] = (x [B, K] . q [N, K]^T) * scale [N] (+ bias [N]).
 void gemv_int8(Isa isa, const float* x, const int8_t* q, const float* scale, const float* bias, float* y,
                int64_t B, int64_t N, int64_t K);
+// int8 activations x int8 weights (gemv_w8a8.cc): x [B, K] fp32 is quantized per row and group of
+// G input channels (G = K: per row), y [B, N] = sum_g xs[b, g] * acc[b, n, g] * scale[n] (+ bias).
+void gemv_w8a8(Isa isa, const float* x, const int8_t* q, const float* scale, const float* bias, float* y, int64_t B,
+               int64_t N, int64_t K, int64_t G);
+// acc [B, N, ceil(K / G)] int32: the exact group sums of xq [B, K] int8 times q [N, K] int8.
+void int8_dot_groups(Isa isa, const int8_t* xq, const int8_t* q, int32_t* acc, int64_t B, int64_t N, int64_t K,
+                     int64_t G);
+// xq [B, ldq] int8 and xs [B, ceil(K / G)] fp32 from x [B, K] (symmetric, per row and group).
+void quantize_activations_int8(const float* x, int8_t* xq, float* xs, int64_t B, int64_t K, int64_t ldq, int64_t G);
 void quantize_int8_rows(const float* w, int8_t* q, float* scale, int64_t N, int64_t K);
 // fp32 tiles over nr rows w [nr, K] on the calling thread; y [B, ldy] and bias already offset to
 // the block's first output column.

@@ -101,7 +101,7 @@ void rms_norm(Isa isa, const float* x, const float* residual, const float* w, fl
               int64_t T, int64_t H) {
   NormCtx c{x, residual, w, eps, y, sum_out, H};
   int threads = threads_for(T * H * 4 * (residual ? 4 : 2), kNormBytesPerThread);
-  parallel_ranges(T, 1, threads, isa == Isa::kAvx2Fma ? rows_avx2 : rows_generic, &c);
+  parallel_ranges(T, 1, threads, isa != Isa::kGeneric ? rows_avx2 : rows_generic, &c);
 }
 
 }  // namespace plk

@@ -1,8 +1,9 @@
 // Paddle custom-op registrations of the CPU decode kernels (the only file that includes Paddle).
 //
-// Every op takes the attribute `isa` ("avx2_fma" | "generic"): the Python side chooses it (the
-// platform layer decides from the CPU's flags); an "avx2_fma" request on a CPU without AVX2+FMA is
-// refused here with an error instead of running into SIGILL. All tensors must be dense, contiguous
+// Every op takes the attribute `isa` ("avx512_vnni" | "avx2_fma" | "generic"): the Python side
+// chooses it (the platform layer decides from the CPU's flags); a request for an isa the CPU's
+// cpuid lacks is refused here with an error instead of running into SIGILL. "avx512_vnni" runs the
+// int8 x int8 GEMV on AVX-512 VNNI and every other op on its AVX2+FMA code. All tensors must be dense, contiguous
 // and on the CPU place; shapes, dtypes and index bounds are checked before any kernel runs (a bad
 // slot or block id raises instead of writing outside the cache).
 #include <string>
@@ -23,7 +24,13 @@ plk::Isa parse_isa(const std::string& isa) {
              "isa 'avx2_fma' requested but this CPU (or OS) does not support AVX2 and FMA; use 'generic'");
     return plk::Isa::kAvx2Fma;
   }
-  PD_THROW("unknown isa '", isa, "' (expected 'avx2_fma' or 'generic')");
+  if (isa == "avx512_vnni") {
+    PD_CHECK(plk::cpu_has_avx512_vnni(),
+             "isa 'avx512_vnni' requested but this CPU (or OS) does not support AVX-512 F/BW/VNNI with AVX2 and FMA; "
+             "use 'avx2_fma' or 'generic'");
+    return plk::Isa::kAvx512Vnni;
+  }
+  PD_THROW("unknown isa '", isa, "' (expected 'avx512_vnni', 'avx2_fma' or 'generic')");
 }
 
 void check_tensor(const Tensor& t, const char* name, DataType dtype, size_t ndim) {
@@ -68,6 +75,58 @@ std::vector<Tensor> GemvInt8(const Tensor& x, const Tensor& q, const Tensor& sca
   Tensor y = paddle::empty({B, N}, DataType::FLOAT32, paddle::CPUPlace());
   plk::gemv_int8(i, x.data<float>(), q.data<int8_t>(), scale.data<float>(), b, y.data<float>(), B, N, K);
   return {y};
+}
+
+// Activation group size: 0 or K = per row; else a multiple of 32 (the AVX2 path steps whole
+// 32-byte blocks inside a group). int32 exactness: 255 * 127 * G < 2^31 needs G <= 65536.
+int64_t check_group(int64_t group, int64_t K) {
+  const int64_t G = (group <= 0 || group >= K) ? K : group;
+  PD_CHECK(K >= 1, "K must be positive");
+  PD_CHECK(G == K || G % 32 == 0, "activation group ", group, " must be 0 (per row) or a multiple of 32");
+  PD_CHECK(G <= 65536, "activation group of ", G, " input channels exceeds 65536 (int32 accumulators)");
+  return G;
+}
+
+std::vector<Tensor> GemvW8A8(const Tensor& x, const Tensor& q, const Tensor& scale,
+                             const paddle::optional<Tensor>& bias, int group, const std::string& isa) {
+  plk::Isa i = parse_isa(isa);
+  check_tensor(x, "x", DataType::FLOAT32, 2);
+  check_tensor(q, "q", DataType::INT8, 2);
+  check_tensor(scale, "scale", DataType::FLOAT32, 1);
+  const int64_t B = x.shape()[0], K = x.shape()[1], N = q.shape()[0];
+  PD_CHECK(q.shape()[1] == K, "q must be [N, K] with K = x.shape[1] = ", K, ", got [", N, ", ", q.shape()[1], "]");
+  PD_CHECK(scale.shape()[0] == N, "scale must be [N] with N = ", N, ", got [", scale.shape()[0], "]");
+  const int64_t G = check_group(group, K);
+  const float* b = optional_vector(bias, "bias", N);
+  Tensor y = paddle::empty({B, N}, DataType::FLOAT32, paddle::CPUPlace());
+  plk::gemv_w8a8(i, x.data<float>(), q.data<int8_t>(), scale.data<float>(), b, y.data<float>(), B, N, K, G);
+  return {y};
+}
+
+std::vector<Tensor> Int8DotGroups(const Tensor& xq, const Tensor& q, int group, const std::string& isa) {
+  plk::Isa i = parse_isa(isa);
+  check_tensor(xq, "xq", DataType::INT8, 2);
+  check_tensor(q, "q", DataType::INT8, 2);
+  const int64_t B = xq.shape()[0], K = xq.shape()[1], N = q.shape()[0];
+  PD_CHECK(q.shape()[1] == K, "q must be [N, K] with K = xq.shape[1] = ", K, ", got [", N, ", ", q.shape()[1], "]");
+  const int64_t G = check_group(group, K);
+  const int8_t* xp = xq.data<int8_t>();
+  const int8_t* qp = q.data<int8_t>();
+  for (int64_t j = 0; j < B * K; ++j) PD_CHECK(xp[j] != -128, "xq must lie in [-127, 127]");
+  for (int64_t j = 0; j < N * K; ++j) PD_CHECK(qp[j] != -128, "q must lie in [-127, 127]");
+  Tensor acc = paddle::empty({B, N, (K + G - 1) / G}, DataType::INT32, paddle::CPUPlace());
+  plk::int8_dot_groups(i, xp, qp, acc.data<int32_t>(), B, N, K, G);
+  return {acc};
+}
+
+std::vector<Tensor> QuantizeActInt8(const Tensor& x, int group) {
+  check_tensor(x, "x", DataType::FLOAT32, 2);
+  const int64_t B = x.shape()[0], K = x.shape()[1];
+  const int64_t G = check_group(group, K);
+  Tensor xq = paddle::empty({B, K}, DataType::INT8, paddle::CPUPlace());
+  Tensor xs = paddle::empty({B, (K + G - 1) / G}, DataType::FLOAT32, paddle::CPUPlace());
+  plk::quantize_activations_int8(x.data<float>(), xq.data<int8_t>(), xs.data<float>(), B, K, K, G);
+  return {xq, xs};
 }
 
 std::vector<Tensor> QuantizeInt8(const Tensor& w) {
@@ -266,6 +325,20 @@ Shapes GemvInt8Shape(const std::vector<int64_t>& x, const std::vector<int64_t>& 
 Dtypes GemvInt8Dtype(const DataType&, const DataType&, const DataType&, const paddle::optional<DataType>&) {
   return {DataType::FLOAT32};
 }
+Shapes W8A8Shape(const std::vector<int64_t>& x, const std::vector<int64_t>& q, const std::vector<int64_t>&,
+                 const paddle::optional<std::vector<int64_t>>&, int, const std::string&) {
+  return {{x[0], q[0]}};
+}
+Shapes DotGroupsShape(const std::vector<int64_t>& x, const std::vector<int64_t>& q, int group, const std::string&) {
+  const int64_t G = (group <= 0 || group >= x[1]) ? x[1] : group;
+  return {{x[0], q[0], (x[1] + G - 1) / G}};
+}
+Dtypes DotGroupsDtype(const DataType&, const DataType&) { return {DataType::INT32}; }
+Shapes ActQuantShape(const std::vector<int64_t>& x, int group) {
+  const int64_t G = (group <= 0 || group >= x[1]) ? x[1] : group;
+  return {x, {x[0], (x[1] + G - 1) / G}};
+}
+Dtypes ActQuantDtype(const DataType&) { return {DataType::INT8, DataType::FLOAT32}; }
 Shapes DequantInt4Shape(const std::vector<int64_t>& q, const std::vector<int64_t>&, int k, const std::string&) {
   return {{q[0], k}};
 }
@@ -314,6 +387,30 @@ PD_BUILD_OP(plk_gemv_int8)
     .SetKernelFn(PD_KERNEL(GemvInt8))
     .SetInferShapeFn(PD_INFER_SHAPE(GemvInt8Shape))
     .SetInferDtypeFn(PD_INFER_DTYPE(GemvInt8Dtype));
+
+PD_BUILD_OP(plk_gemv_w8a8)
+    .Inputs({"X", "Q", "Scale", paddle::Optional("Bias")})
+    .Outputs({"Y"})
+    .Attrs({"group: int", "isa: std::string"})
+    .SetKernelFn(PD_KERNEL(GemvW8A8))
+    .SetInferShapeFn(PD_INFER_SHAPE(W8A8Shape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(GemvInt8Dtype));
+
+PD_BUILD_OP(plk_int8_dot_groups)
+    .Inputs({"XQ", "Q"})
+    .Outputs({"Acc"})
+    .Attrs({"group: int", "isa: std::string"})
+    .SetKernelFn(PD_KERNEL(Int8DotGroups))
+    .SetInferShapeFn(PD_INFER_SHAPE(DotGroupsShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(DotGroupsDtype));
+
+PD_BUILD_OP(plk_quantize_act_int8)
+    .Inputs({"X"})
+    .Outputs({"XQ", "XS"})
+    .Attrs({"group: int"})
+    .SetKernelFn(PD_KERNEL(QuantizeActInt8))
+    .SetInferShapeFn(PD_INFER_SHAPE(ActQuantShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(ActQuantDtype));
 
 PD_BUILD_OP(plk_gemv_int4)
     .Inputs({"X", "Q", "Scale", paddle::Optional("Bias")})

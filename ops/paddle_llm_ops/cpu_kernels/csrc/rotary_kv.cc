@@ -96,7 +96,7 @@ constexpr int64_t kRopeBytesPerThread = 256 * 1024;
 void rotary_kv_write(Isa isa, const RotaryKvArgs& a) {
   // The AVX2 rope works on 8 lanes of each half: needs d / 2 % 8 == 0 (all common head sizes);
   // other sizes take the generic rope (same results).
-  Ctx c{&a, isa == Isa::kAvx2Fma && (a.d / 2) % 8 == 0};
+  Ctx c{&a, isa != Isa::kGeneric && (a.d / 2) % 8 == 0};
   int64_t bytes = a.T * (a.nh + 2 * a.kvh) * a.d * 4 * 2;
   parallel_ranges(a.T, 1, threads_for(bytes, kRopeBytesPerThread), tokens, &c);
 }
