@@ -24,7 +24,7 @@ def tensor(name, value, dtype):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("prompt")
     ap.add_argument("--url", default="127.0.0.1:8001")
     ap.add_argument("--max-tokens", type=int, default=128)

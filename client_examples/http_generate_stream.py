@@ -74,7 +74,7 @@ def iter_events(response):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("prompt")
     ap.add_argument("--url", default="127.0.0.1:8000", help="HTTP endpoint, host:port")
     ap.add_argument("--model", choices=("ensemble", "llm"), default="ensemble")

@@ -416,7 +416,7 @@ def print_report(s: dict) -> None:
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", default="127.0.0.1:8001", help="gRPC endpoint host:port")
     ap.add_argument("--model", choices=("ensemble", "llm"), default="ensemble")
     ap.add_argument("--concurrency", "-c", type=int, default=8, help="concurrent streams")

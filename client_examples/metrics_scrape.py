@@ -137,7 +137,7 @@ def table(header, rows, right=()) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", default="127.0.0.1:8002", help="metrics endpoint host:port (or a full URL)")
     ap.add_argument("--prefix", default="llm_", help="metric family name prefix to show ('' = all)")
     ap.add_argument("--watch", type=float, default=0.0, help="repeat every N seconds until Ctrl-C (0: once)")

@@ -23,7 +23,7 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("prompt")
     ap.add_argument("--base-url", default=os.environ.get("OPENAI_BASE_URL", "http://127.0.0.1:9000/v1"))
     ap.add_argument("--model", default=None)

@@ -1,7 +1,7 @@
 """Client helpers for the end-to-end tests: the way users of Triton's TensorRT-LLM ensemble and of
 Triton's vLLM backend call a server, with tritonclient (gRPC streaming) and plain HTTP (`requests`).
 
-- `ensemble_inputs(...)`: TensorRT-LLM tensor names, shape [1, 1] (ensemble max_batch_size 1).
+- `ensemble_inputs(...)`: TensorRT-LLM tensor names, shape [1, 1] (one request of the ensemble's max_batch_size 8).
 - `llm_inputs(...)`: vLLM-backend contract, shape [1] (llm max_batch_size 0), sampling_parameters
   as a JSON string whose values are strings, as in Triton's vllm_backend samples.
 - `grpc_stream(...)`: one request on a gRPC bidirectional stream; collects every response until the

@@ -94,11 +94,19 @@ def test_auto_device_is_gcu_with_the_plugin_and_cpu_without(child, standin_plugi
     cases = [["auto", 0], ["auto", 1], ["gcu", 1], ["gcu:1", 0], ["cpu", 0]]
     with_plugin = child({"action": "resolve", "cases": cases}, standin_plugin_dir, standin_package).ok()
     assert with_plugin["results"] == ["gcu:0", "gcu:1", "gcu:1", "gcu:1", "cpu"]
-    without = child({"action": "resolve", "cases": cases}, None, standin_package).ok()
+    # the package installed but its plug-in not loaded (a driver or runtime fault): auto refuses as gcu
+    # does, naming the versions, instead of serving a GCU host on its CPU
+    not_loaded = child({"action": "resolve", "cases": cases}, None, standin_package).ok()
+    assert not_loaded["results"][4] == "cpu"
+    for r in not_loaded["results"][:4]:
+        assert isinstance(r, dict) and "did not load" in r["error"]["message"], r
+        assert "paddle-custom-gcu 3.3.1+standin" in r["error"]["message"]
+    # neither the package nor the plug-in: a CPU host; auto is the CPU, an explicit gcu is refused
+    without = child({"action": "resolve", "cases": cases}, None).ok()
     assert without["results"][:2] == ["cpu", "cpu"]
     assert without["results"][4] == "cpu"
-    for r in without["results"][2:4]:  # an explicit gcu without the plug-in is refused, with the reason
-        assert isinstance(r, dict) and "gcu" in r["error"]["message"] and "plug-in" in r["error"]["message"]
+    for r in without["results"][2:4]:
+        assert isinstance(r, dict) and "not installed" in r["error"]["message"], r
 
 
 # -- c. greedy tokens on gcu:0 equal CPU -----------------------------------------------------------------

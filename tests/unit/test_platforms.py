@@ -101,8 +101,10 @@ def test_plugin_installed_but_not_loaded(monkeypatch):
     versions = {"paddlepaddle": "3.3.1", "paddle-custom-gcu": "3.3.0"}
     monkeypatch.setattr(platforms, "_version", lambda dist: versions.get(dist))
     monkeypatch.setattr(platforms, "gcu_available", lambda: False)
-    assert resolve_device("auto", 0) == "cpu"  # no device registered: auto means CPU
-    with pytest.raises(PlatformError) as ei:
-        resolve_device("gcu", 0)
-    msg = str(ei.value)
-    assert "paddle-custom-gcu 3.3.0" in msg and "paddlepaddle 3.3.1" in msg and "did not load" in msg
+    for device in ("gcu", "auto"):  # auto too: an installed plug-in that did not load is not a CPU host
+        with pytest.raises(PlatformError) as ei:
+            resolve_device(device, 0)
+        msg = str(ei.value)
+        assert "paddle-custom-gcu 3.3.0" in msg and "paddlepaddle 3.3.1" in msg and "did not load" in msg
+    versions.pop("paddle-custom-gcu")  # no plug-in installed: auto means the CPU
+    assert resolve_device("auto", 0) == "cpu"

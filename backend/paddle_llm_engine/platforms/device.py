@@ -135,11 +135,14 @@ def gcu_available() -> bool:
 
 
 def resolve_device(device: str, device_id: int) -> Device:
-    """The operator's `device` setting as a Device: "auto" -> gcu:<device_id> on a GCU host, else
-    the CPU; "gcu" -> gcu:<device_id>. An explicit gcu checks the versions and that the plug-in
-    registered the device, and raises PlatformError otherwise; an unknown name is a ValueError."""
+    """The operator's `device` setting as a Device: "auto" -> gcu:<device_id> on a GCU host (the
+    plug-in installed or the device type registered), else the CPU; "gcu" -> gcu:<device_id>. A gcu
+    place checks the versions and that the plug-in registered the device, and raises PlatformError
+    otherwise; an unknown name is a ValueError. "auto" with paddle-custom-gcu installed but not
+    loaded (a version mismatch, a driver fault) is that PlatformError, not a quiet fall back to the
+    CPU: a GCU host serving on its CPU would look up and be 50x slower; set device cpu to mean it."""
     if device == "auto":
-        device = "gcu" if gcu_available() else "cpu"
+        device = "gcu" if _version("paddle-custom-gcu") is not None or gcu_available() else "cpu"
     if device == "gcu" or device.startswith("gcu:"):
         check_gcu_versions()
         if not gcu_available():
