@@ -149,6 +149,11 @@ PLK_VNNI inline void lanes_vnni(const W8A8Ctx& c, int64_t b0, const int8_t* w, f
     const __mmask64 m = rem >= 64 ? ~__mmask64(0) : ((__mmask64(1) << rem) - 1);
     __m512i wv[R], off[R];
     for (int r = 0; r < R; ++r) {
+      // the next tile's rows (R rows on), one cache line per row per step: int8 rows are short
+      // (576 bytes for SmolLM2), and with the hardware prefetcher alone the cold GEMV ran at ~35%
+      // of the read bandwidth; with this, ~1.4x faster (bench_kernels --only w8a8). A prefetch
+      // past the weight's end is harmless (no fault).
+      _mm_prefetch(reinterpret_cast<const char*>(w + (R + r) * c.K + k), _MM_HINT_T0);
       wv[r] = _mm512_maskz_loadu_epi8(m, w + r * c.K + k);
       // -128 * (sum of the lane's 4 weights): starts each lane's dot product at the offset's cost
       off[r] = _mm512_sub_epi32(zero, _mm512_slli_epi32(_mm512_dpbusd_epi32(zero, ones, wv[r]), 7));
@@ -175,6 +180,8 @@ PLK_AVX2 inline void lanes_avx2(const W8A8Ctx& c, int64_t b0, const int8_t* w, f
     const int64_t rem = c.K - k;
     __m256i wv[R];
     for (int r = 0; r < R; ++r) {
+      if ((k & 63) == 0)  // the next tile's rows, one line per row per 64 bytes (see lanes_vnni)
+        _mm_prefetch(reinterpret_cast<const char*>(w + (R + r) * c.K + k), _MM_HINT_T0);
       if (rem >= 32) {
         wv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * c.K + k));
       } else {
