@@ -31,6 +31,7 @@ import pytest
 import yaml
 
 from clients import llm_stream
+from installers import installed_binary
 from paddle_llm_triton import launcher
 
 pytestmark = pytest.mark.e2e
@@ -54,14 +55,7 @@ INVALID = 2  # refused requests (bad sampling_parameters) so that the rejections
 
 @pytest.fixture(scope="module")
 def prometheus_bin() -> str:
-    try:
-        p = subprocess.run(["bash", str(INSTALL)], capture_output=True, text=True, timeout=400)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"{INSTALL.name} did not finish within 400 s", pytrace=False)
-    if p.returncode != 0:
-        pytest.fail(f"no Prometheus for the dashboard test ({INSTALL.relative_to(REPO)} exit {p.returncode}):\n"
-                    f"{p.stderr.strip()}", pytrace=False)
-    return p.stdout.strip().splitlines()[-1]
+    return installed_binary(INSTALL, "Prometheus for the dashboard test")
 
 
 def _get(url: str, timeout: float = 10.0) -> dict:

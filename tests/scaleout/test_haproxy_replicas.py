@@ -49,6 +49,7 @@ from paddle_llm_triton import launcher
 from paddle_llm_triton.launcher import procs
 from repo_edit import copy_repository, set_config_parameter
 from supervised import SupervisedServer
+from installers import installed_binary
 
 pytestmark = pytest.mark.e2e
 
@@ -82,14 +83,7 @@ RECIPE_PORTS = {"lb_http": 8000, "lb_grpc": 8001, "stats": 8404,
 
 @pytest.fixture(scope="module")
 def haproxy_bin() -> str:
-    try:
-        p = subprocess.run(["bash", str(INSTALL)], capture_output=True, text=True, timeout=400)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"{INSTALL.name} did not finish within 400 s", pytrace=False)
-    if p.returncode != 0:
-        pytest.fail(f"no HAProxy for the scale-out test ({INSTALL.relative_to(REPO)} exit {p.returncode}):\n"
-                    f"{p.stderr.strip()}", pytrace=False)
-    return p.stdout.strip().splitlines()[-1]
+    return installed_binary(INSTALL, "HAProxy for the scale-out test")
 
 
 def render_recipe(ports: dict[str, int]) -> str:
