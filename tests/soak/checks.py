@@ -202,11 +202,18 @@ def evaluate(run: dict) -> list[Check]:
         checks.append(Check("drain", False, "not run", ["the drain did not run"]))
 
     over = [f"{r['name']} (pid {k.split('#')[1]}): {r['slope_mb_per_min']:+.2f} MB/min over {r['span_s']:.0f} s "
-            f"({r['start_mb']} -> {r['end_mb']} MB)" for k, r in run["rss"].items()
-            if r["judged"] and r["slope_mb_per_min"] > run["rss_bound"]]
+            f"in {r['segments']} stretches between faults ({r['start_mb']} -> {r['end_mb']} MB)"
+            for k, r in run["rss"].items() if r["judged"] and r["slope_mb_per_min"] > run["rss_bound"]]
     judged = sum(r["judged"] for r in run["rss"].values())
-    checks.append(Check(f"RSS slope of every process <= {run['rss_bound']} MB/min", not over,
+    checks.append(Check(f"RSS trend of every process <= {run['rss_bound']} MB/min", not over,
                         f"{judged} of {len(run['rss'])} process series long enough to judge", over))
+    step_bound = run.get("rss_step_bound", rss_fit.DEFAULT_STEP_BOUND_MB)
+    stepped = [f"{r['name']} (pid {k.split('#')[1]}): {r['steps_mb']:.1f} MB of level shifts across "
+               f"{r['segments'] - 1} fault windows" for k, r in run["rss"].items()
+               if r["judged"] and r["steps_mb"] > step_bound]
+    checks.append(Check(f"RSS kept across faults by every process <= {step_bound} MB", not stepped,
+                        f"largest {max([r['steps_mb'] for r in run['rss'].values() if r['judged']] or [0.0]):.1f} MB",
+                        stepped))
     return checks
 
 

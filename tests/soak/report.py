@@ -127,6 +127,7 @@ def write(run: dict, out_dir: Path) -> dict:
         "checks": [dataclasses.asdict(c) for c in run["checks"]],
         "summary": summary(run, rows),
         "rss_bound_mb_per_min": run["rss_bound"],
+        "rss_step_bound_mb": run.get("rss_step_bound"),
         "rss_fits": run["rss"],
         "timeline": rows,
         "events": [{"t": rel(e.t), "kind": e.kind, "what": e.what} for e in run["events"]],

@@ -1,7 +1,17 @@
 """RSS growth: one series per process lifetime (label + pid) from the 15 s samples taken while
-traffic ran, the warm-up after the process appeared left out, and a least-squares slope in MB per
-minute over the rest. Two points would measure noise (allocator arenas, caches filling); a slope
-over many samples measures a trend."""
+traffic ran, the warm-up after the process appeared left out, and the windows after each fault left
+out. The points left form segments (the stretches between faults). Growth is judged two ways:
+
+- trend: one slope shared by all segments with an intercept of its own per segment (least squares
+  with a per-segment offset, i.e. the pooled within-segment slope), in MB per minute. A leak per
+  request shows in every segment; a level shift inside a fault window (the allocator's high-water
+  mark after a flood's batch) does not tilt it, as it did a single straight line.
+- steps: the sum of the upward level shifts between consecutive segments (the difference of their
+  intercepts), in MB. A one-off shift after the first flood passes; memory kept on every fault
+  (a leak per restart or per flood) adds up and fails.
+
+Two points would measure noise (allocator arenas, caches filling); a slope over many samples
+measures a trend."""
 
 from __future__ import annotations
 
@@ -9,11 +19,18 @@ import numpy as np
 
 # Measured on today's code, clean stretches (no fault) after a 5-minute warm-up of each process,
 # 6 clients of the full mix: launcher, preprocessing, postprocessing ~0; tritonserver 0.15-0.21;
-# ensemble stub 0.13-0.58 (allocator steps); llm stub 0.53 and 1.03 MB/min, linear (residual 0.13 MB
-# over 7 minutes: a trend, not noise). The bound flags the ~1.8 MB/min the issue saw; see README "Soak".
+# ensemble stub 0.13-0.58 (allocator steps); llm stub 0.01-0.27 MB/min since every numpy -> tensor
+# conversion stopped leaking (0.53-1.38 before). The bound flags the ~1.8 MB/min the issue saw and
+# anything near it; see README "Soak".
 DEFAULT_BOUND_MB_PER_MIN = 1.0
+# Upward level shifts across fault windows, summed per process lifetime. Measured: one 6.3 MB step
+# of the llm stub after the first flood of a 2-hour run (flat before and after), the ensemble stub's
+# 1-4 MB steps getting smaller. A process that kept 2 MB on each of the 16 faults of a 2-hour run
+# would sum to 32 MB.
+DEFAULT_STEP_BOUND_MB = 16.0
 MIN_POINTS = 8                   # samples after the warm-up needed to judge a series
-MIN_SPAN_S = 240.0               # and the time they must cover (shorter fits follow allocator steps)
+MIN_SPAN_S = 240.0               # and the time its segments must cover together
+MIN_SEGMENT_POINTS = 3           # a shorter segment gives neither a slope nor a reliable level
 
 
 def series(samples: list[dict]) -> dict[str, list[tuple[float, float]]]:
@@ -27,25 +44,70 @@ def series(samples: list[dict]) -> dict[str, list[tuple[float, float]]]:
     return out
 
 
+def segments(points: list[tuple[float, float]], first_seen: float, warmup_s: float,
+             exclude: list[tuple[float, float]] = ()) -> list[list[tuple[float, float]]]:
+    """The points after first_seen + warmup_s and outside the `exclude` windows, split wherever an
+    exclude window (or a gap in sampling) lies between two consecutive points. Segments shorter than
+    MIN_SEGMENT_POINTS are dropped."""
+    segs: list[list] = []
+    cur: list = []
+    prev_t = None
+    for t, v in sorted(points):
+        if t < first_seen + warmup_s:
+            continue
+        if any(a <= t <= b for a, b in exclude):
+            if cur:
+                segs.append(cur)
+                cur = []
+            prev_t = None
+            continue
+        if prev_t is not None and any(prev_t < a < t or prev_t < b < t for a, b in exclude):
+            segs.append(cur)
+            cur = []
+        cur.append((t, v))
+        prev_t = t
+    if cur:
+        segs.append(cur)
+    return [s for s in segs if len(s) >= MIN_SEGMENT_POINTS]
+
+
 def fit(points: list[tuple[float, float]], first_seen: float, warmup_s: float,
         exclude: list[tuple[float, float]] = ()) -> dict:
-    """Slope (MB/min) of the points after first_seen + warmup_s and outside the `exclude` windows."""
-    pts = [(t, v) for t, v in points if t >= first_seen + warmup_s and not any(a <= t <= b for a, b in exclude)]
-    res = {"points": len(pts), "span_s": 0.0, "slope_mb_per_min": None, "start_mb": None, "end_mb": None}
+    """Trend and steps of one process series.
+
+    points: [(t seconds, rss MB)]; exclude: [(t0, t1)] seconds windows left out (after faults).
+    Returns points, segments, span_s (summed over segments), slope_mb_per_min (the pooled
+    within-segment slope: y = slope * t + c_segment, least squares), steps_mb (upward intercept
+    shifts between consecutive segments, summed), line_slope_mb_per_min (one straight line over all
+    the points, for comparison), start_mb / end_mb and residual_mb (std of the fit's residuals).
+    None where fewer than 2 points remain."""
+    segs = segments(points, first_seen, warmup_s, exclude)
+    pts = [p for s in segs for p in s]
+    res = {"points": len(pts), "segments": len(segs), "span_s": 0.0, "slope_mb_per_min": None,
+           "steps_mb": 0.0, "line_slope_mb_per_min": None, "start_mb": None, "end_mb": None}
     if len(pts) < 2:
         return res
     t = np.array([p[0] for p in pts]) / 60.0
     y = np.array([p[1] for p in pts])
-    slope, icpt = np.polyfit(t, y, 1)
-    res.update(span_s=round(float(t[-1] - t[0]) * 60, 1), slope_mb_per_min=round(float(slope), 3),
+    # Design matrix: t, then one indicator column per segment (their coefficients are the offsets).
+    seg_of = np.concatenate([np.full(len(s), i) for i, s in enumerate(segs)])
+    X = np.column_stack([t] + [(seg_of == i).astype(float) for i in range(len(segs))])
+    coef, *_ = np.linalg.lstsq(X, y, rcond=None)
+    slope, offsets = float(coef[0]), coef[1:]
+    line = np.polyfit(t, y, 1)[0]
+    res.update(span_s=round(sum(s[-1][0] - s[0][0] for s in segs), 1),
+               slope_mb_per_min=round(slope, 3),
+               steps_mb=round(float(np.sum(np.clip(np.diff(offsets), 0.0, None))), 2),
+               line_slope_mb_per_min=round(float(line), 3),
                start_mb=round(float(y[0]), 1), end_mb=round(float(y[-1]), 1),
-               residual_mb=round(float(np.std(y - (slope * t + icpt))), 2))
+               residual_mb=round(float(np.std(y - X @ coef)), 2))
     return res
 
 
 def fits(samples: list[dict], first_seen: dict[str, float], warmup_s: float,
          exclude: list[tuple[float, float]] = ()) -> dict[str, dict]:
-    """fit() for every process series; first_seen: process key -> first sample time (any sample)."""
+    """fit() for every process series; first_seen: process key -> first sample time (any sample).
+    A series is judged when its segments hold MIN_POINTS points over MIN_SPAN_S seconds."""
     out = {}
     for key, pts in series(samples).items():
         name = key.split("#")[0]

@@ -66,6 +66,8 @@ def parse_args(argv=None):
     ap.add_argument("--stall-s", type=float, default=30.0, help="no response for this long = a stalled request")
     ap.add_argument("--timeout-s", type=float, default=120.0, help="bound of one request")
     ap.add_argument("--rss-bound", type=float, default=rss_fit.DEFAULT_BOUND_MB_PER_MIN, help="MB/min per process")
+    ap.add_argument("--rss-step-bound", type=float, default=rss_fit.DEFAULT_STEP_BOUND_MB,
+                    help="MB of upward RSS level shifts across fault windows, per process lifetime")
     ap.add_argument("--max-waiting", type=int, default=8, help="llm waiting-queue limit in the soak's copy")
     ap.add_argument("--max-num-seqs", type=int, default=16, help="llm max_num_seqs in the soak's copy")
     ap.add_argument("--model-dir", default=str(REPO_ROOT / "build" / "SmolLM2-135M-Instruct"))
@@ -307,7 +309,7 @@ class Soak:
         run = {"outcomes": outcomes, "events": events, "incidents": incidents, "restarts": self.restarts,
                "faults": self.faults, "enabled_faults": [FAULT_KINDS[k] for k in a.fault_kinds],
                "idle_end": self.idle_end, "drain": self.drain_rec, "samples": samples, "rss": fits,
-               "rss_bound": a.rss_bound, "t_last": t_last, "t0": self.rec.t0, "rel": lambda t: self.rec.rel(t) or 0.0,
+               "rss_bound": a.rss_bound, "rss_step_bound": a.rss_step_bound, "t_last": t_last, "t0": self.rec.t0, "rel": lambda t: self.rec.rel(t) or 0.0,
                "kv_baseline": self.kv_baseline, "kv_start": self.kv_start, "traffic_s": getattr(self, "traffic_s", 0.0),
                "server_starts": self.server_starts, "config": {k: v for k, v in vars(a).items()}}
         run["windows"] = C.windows(incidents, self.restarts, t_last)

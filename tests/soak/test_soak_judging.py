@@ -155,6 +155,44 @@ def test_rss_slope_is_fitted_after_the_warm_up():
     assert rss.fit(leak, 0.0, 300.0, exclude=[(300.0, 899.0)])["points"] == 0
 
 
+def test_rss_step_in_a_fault_window_is_a_level_shift_not_a_trend():
+    # The 2-hour soak's llm stub: flat, a 6.3 MB step 12-42 s after a flood at t=900, flat again.
+    # A straight line through all of it fits ~0.7 MB/min; the per-segment fit sees no trend.
+    pts = [(t, 200.0 + 0.05 * ((t // 15) % 2) + (6.3 if t >= 930 else 0.0)) for t in range(300, 1800, 15)]
+    r = rss.fit(pts, first_seen=0.0, warmup_s=300.0, exclude=[(900.0, 960.0)])
+    assert r["segments"] == 2 and r["line_slope_mb_per_min"] > 0.3
+    assert abs(r["slope_mb_per_min"]) < 0.05 and abs(r["steps_mb"] - 6.3) < 0.1
+    # The same step outside any fault window is inside a segment: it tilts the trend.
+    assert rss.fit(pts, 0.0, 300.0)["slope_mb_per_min"] > 0.3
+
+
+def test_rss_leak_per_request_shows_in_every_segment():
+    # 1.5 MB/min of growth under traffic, faults every 300 s: the stretches between them still carry it.
+    pts = [(t, 150.0 + 1.5 * t / 60) for t in range(300, 2400, 15)]
+    faults = [(f, f + 60.0) for f in range(600, 2400, 300)]
+    r = rss.fit(pts, 0.0, 300.0, exclude=faults)
+    assert r["segments"] >= 5 and abs(r["slope_mb_per_min"] - 1.5) < 1e-6
+    # The growth inside the windows is carried by the trend, not counted again as steps.
+    assert r["steps_mb"] < 1e-6
+
+
+def test_rss_kept_on_every_fault_adds_up_as_steps():
+    # 3 MB kept per fault, flat between: no trend, but 7 shifts sum to 21 MB, over the 16 MB bound.
+    faults = [(f, f + 60.0) for f in range(600, 2700, 300)]
+    pts = [(t, 150.0 + 3.0 * sum(t > b for _, b in faults)) for t in range(300, 2700, 15)]
+    pts = [p for p in pts if not any(a <= p[0] <= b for a, b in faults)]
+    r = rss.fit(pts, 0.0, 300.0, exclude=faults)
+    assert abs(r["slope_mb_per_min"]) < 1e-6
+    assert abs(r["steps_mb"] - 3.0 * (r["segments"] - 1)) < 1e-6 and r["steps_mb"] > rss.DEFAULT_STEP_BOUND_MB
+
+
+def test_rss_short_segments_are_dropped():
+    pts = [(t, 100.0) for t in range(300, 1200, 15)]
+    # a window every 40 s leaves segments of 1-2 points: nothing to fit
+    faults = [(f, f + 10.0) for f in range(300, 1200, 40)]
+    assert rss.fit(pts, 0.0, 0.0, exclude=faults)["points"] == 0
+
+
 def test_validation_of_llm_stream_finish_reasons_and_counts():
     spec = Spec("llm", max_tokens=3, stream=True, finish_reason=True)
     good = [Resp(0, "a", "None", 1), Resp(1, "b", "None", 1), Resp(2, "c", "length", 1)]
