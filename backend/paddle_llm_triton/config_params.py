@@ -20,6 +20,9 @@ Serving-only parameters (not engine settings):
 - metrics_names: which metric name sets the instance exposes on :8002, "llm,vllm" (the default:
   both), "llm" (the llm_* families) or "vllm" (vLLM's vllm:* names); anything else is an error
   (metrics.py parse_name_sets).
+- coalesce_stream_responses: "true" (the default) lets a streamed `llm` response that fell behind
+  carry the tokens of several engine steps (responder.py); "false" sends one response per engine
+  output always.
 - fault_inject_after_steps: TESTS ONLY. N > 0 makes the engine step raise once N steps have run
   (fault_injection.py); 0 (the default) is off and nothing is installed.
 
@@ -56,6 +59,7 @@ class ServingOptions:
     max_step_seconds: float = 120.0
     fault_inject_after_steps: int = 0
     metrics_names: tuple[str, ...] = NAME_SETS
+    coalesce_stream_responses: bool = True
 
 
 SERVING_KEYS = {f.name for f in dataclasses.fields(ServingOptions)}
@@ -128,6 +132,9 @@ def serving_options(model_config: dict) -> ServingOptions:
     names = raw.get("metrics_names", "")
     if names.strip():
         opts.metrics_names = parse_name_sets(names)
+    coalesce = raw.get("coalesce_stream_responses", "").strip()
+    if coalesce:
+        opts.coalesce_stream_responses = _convert("coalesce_stream_responses", "bool", coalesce)
     fault = raw.get("fault_inject_after_steps", "").strip()
     if fault:
         opts.fault_inject_after_steps = _convert("fault_inject_after_steps", "int", fault)

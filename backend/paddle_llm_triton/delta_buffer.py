@@ -3,7 +3,9 @@
 Both response paths use it: `llm`'s responder (Triton responses to direct clients) and the engine
 channel's handler (frames to the `ensemble`). Streaming: a response as soon as a sequence has text
 (held-back characters or stop-string prefixes ride along with the next text) or when it ends.
-Non-streamed: one response per sequence, when it ends. A non-streamed answer can start with the
+Non-streamed: one response per sequence, when it ends. A caller that already holds the sequence's
+next output (a stream that fell behind: several engine steps queued before its response went out)
+passes hold=True, and the text of both goes out in one response with the later output's state. A non-streamed answer can start with the
 prompt text (exclude_input_in_output false): `prompt_text` goes before the first flush of each
 sequence.
 """
@@ -42,8 +44,10 @@ class SequenceBuffers:
         self.prompt_text = prompt_text
         self._seqs: dict[int, _Seq] = {}
 
-    def add(self, out: RequestOutput) -> Flush | None:
-        """Take one output; return what to send now for its sequence, or None to wait."""
+    def add(self, out: RequestOutput, hold: bool = False) -> Flush | None:
+        """Take one output; return what to send now for its sequence, or None to wait. hold: a later
+        output of this sequence is already at hand, so a streamed flush waits for it (an output that
+        ends the sequence flushes regardless)."""
         s = self._seqs.get(out.sequence_index)
         if s is None:
             s = self._seqs[out.sequence_index] = _Seq()
@@ -51,7 +55,7 @@ class SequenceBuffers:
         s.ids.extend(out.token_ids)
         s.logprobs.extend(out.logprobs)
         text = "".join(s.text)
-        if not (out.sequence_finished or (self.stream and text)):
+        if not (out.sequence_finished or (self.stream and text and not hold)):
             return None
         if not s.flushed and self.prompt_text is not None:
             text = self.prompt_text + text

@@ -2,7 +2,13 @@
 Triton responses, so the engine thread never blocks on Triton's IPC.
 
 Streaming requests get one response per output that carries text (held-back tokens ride along
-with the next one); non-streaming requests get exactly one response at the end (HTTP /generate
+with the next one). When a stream falls behind (the engine queued several outputs of a sequence
+before this thread reached the first), the queued ones go out as one response carrying all their
+tokens, as vLLM's output collector merges the deltas of a lagging consumer and TensorRT-LLM streams
+what is ready: at low load every token is still its own response, under load the number of Triton
+responses (each an IPC round trip, Python tensors and a gRPC message) stops growing with the token
+rate. `coalesce=False` (config.pbtxt `coalesce_stream_responses: false`) sends one response per
+output always. Non-streaming requests get exactly one response at the end (HTTP /generate
 accepts only one): delta_buffer.py. Every request ends with a response flagged FINAL. Only direct
 clients of `llm` come through here (the ensemble's requests arrive on the engine channel,
 ensemble_steps.py), so all pb_utils calls of this path are on two threads: execute() and this one.
@@ -51,17 +57,20 @@ class _Pending:
 
 
 _STOP = object()  # the queue's last item at shutdown
+_MAX_BATCH = 1024  # outputs taken off the queue at once (a bound on one pass, not a limit on requests)
 
 
 class Responder:
     """Owns the response thread. `decode_token(id, skip_special_tokens) -> str` renders logprob entries."""
 
     def __init__(self, abort: Callable[[str], None], decode_token: Callable[[int, bool], str],
-                 on_finished: Callable[[RequestOutput], None] | None = None, poll_s: float = 0.1):
+                 on_finished: Callable[[RequestOutput], None] | None = None, poll_s: float = 0.1,
+                 coalesce: bool = True):
         self._abort = abort
         self._decode_token = decode_token
         self._on_finished = on_finished
         self._poll_s = poll_s
+        self._coalesce = coalesce
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._live: dict[str, _Pending] = {}
         self._lock = threading.Lock()
@@ -103,13 +112,23 @@ class Responder:
                 out = self._q.get(timeout=max(0.0, next_sweep - time.monotonic()))
             except queue.Empty:
                 out = None
-            if out is _STOP:
-                return
-            if out is not None:
+            batch = [] if out is None else [out]
+            while batch and len(batch) < _MAX_BATCH:  # what else is ready: a lagging stream's outputs
                 try:
-                    self._handle(out)
+                    batch.append(self._q.get_nowait())
+                except queue.Empty:
+                    break
+            stop = _STOP in batch
+            if stop:
+                batch = batch[:batch.index(_STOP)]
+            held = self._held(batch) if self._coalesce else set()
+            for i, o in enumerate(batch):
+                try:
+                    self._handle(o, hold=i in held)
                 except Exception:
-                    log.exception("sending the response of %s failed", out.request_id)
+                    log.exception("sending the response of %s failed", o.request_id)
+            if stop:
+                return
             now = time.monotonic()
             if now >= next_sweep:
                 try:
@@ -117,6 +136,19 @@ class Responder:
                 except Exception:
                     log.exception("cancellation sweep failed")
                 next_sweep = now + self._poll_s
+
+    @staticmethod
+    def _held(batch: list[RequestOutput]) -> set[int]:
+        """Indexes of outputs whose sequence has a later, non-error output in `batch`."""
+        held, later = set(), set()
+        for i in range(len(batch) - 1, -1, -1):
+            o = batch[i]
+            key = (o.request_id, o.sequence_index)
+            if key in later:
+                held.add(i)
+            if not (o.error or o.finish_reason == "error"):
+                later.add(key)
+        return held
 
     def _check_cancelled(self) -> None:
         """One is_cancelled() per request in flight (this thread also sends their final responses,
@@ -132,7 +164,7 @@ class Responder:
                          "" if p.sent_any else " before any response")
                 self._abort(rid)
 
-    def _handle(self, out: RequestOutput) -> None:
+    def _handle(self, out: RequestOutput, hold: bool = False) -> None:
         import triton_python_backend_utils as pb_utils
 
         with self._lock:
@@ -151,7 +183,7 @@ class Responder:
             if out.finished:
                 self._send(p, None, final=True)
             return
-        flush = p.buffers.add(out)
+        flush = p.buffers.add(out, hold=hold and not out.finished)
         if flush is not None:
             self._send(p, p.opts.response(flush, out, self._decode_token), final=out.finished)
 

@@ -82,11 +82,11 @@ def out(rid, text, ids, finished=False, reason=None, lps=None, n_out=0):
                          cumulative_logprob=-0.5 * n_out)
 
 
-def make(pb, poll_s=0.05):
+def make(pb, poll_s=0.05, coalesce=True):
     from paddle_llm_triton.responder import Responder
 
     aborted = []
-    return Responder(abort=aborted.append, decode_token=Tok(), poll_s=poll_s), aborted
+    return Responder(abort=aborted.append, decode_token=Tok(), poll_s=poll_s, coalesce=coalesce), aborted
 
 
 def wait(pred, timeout=5.0):
@@ -99,7 +99,7 @@ def wait(pred, timeout=5.0):
 def test_stream_intermediate_finish_reason_is_None_and_last_is_the_reason(pb):
     from paddle_llm_triton.responder import ResponseOptions
 
-    r, _ = make(pb)
+    r, _ = make(pb, coalesce=False)
     s = Sender()
     r.register("a", s, ResponseOptions(stream=True, return_finish_reason=True))
     for i in range(3):
@@ -136,7 +136,7 @@ def test_logprob_entries_carry_rank_and_decoded_token_follows_skip_special_token
 def test_return_logprobs_without_logprobs_asked_is_json_null(pb):
     from paddle_llm_triton.responder import ResponseOptions
 
-    r, _ = make(pb)
+    r, _ = make(pb, coalesce=False)
     s = Sender()
     r.register("a", s, ResponseOptions(stream=True, return_logprobs=True, logprobs_null=True))
     r.push(out("a", "x", [10], n_out=1))
@@ -169,15 +169,84 @@ def test_cancellation_is_seen_before_any_response_and_aborts(pb):
 def test_sweep_polls_each_request_once_per_period_not_per_output(pb):
     from paddle_llm_triton.responder import ResponseOptions
 
-    r, _ = make(pb, poll_s=0.1)
-    s = Sender()
-    r.register("a", s, ResponseOptions(stream=True))
-    t0 = time.monotonic()
-    for i in range(2000):  # a busy stream: many outputs per sweep period
-        r.push(out("a", "x", [10], n_out=i + 1))
-    r.push(out("a", "y", [11], finished=True, reason="length", n_out=2001))
-    assert s.done.wait(30)
-    elapsed = time.monotonic() - t0
-    assert len(s.sent) == 2001
-    assert s.polls <= elapsed / 0.1 + 2, f"{s.polls} is_cancelled() calls in {elapsed:.2f} s"
+    for coalesce in (False, True):
+        r, _ = make(pb, poll_s=0.1, coalesce=coalesce)
+        s = Sender()
+        r.register("a", s, ResponseOptions(stream=True, return_num_output_tokens=True))
+        t0 = time.monotonic()
+        for i in range(2000):  # a busy stream: many outputs per sweep period
+            r.push(out("a", "x", [10], n_out=i + 1))
+        r.push(out("a", "y", [11], finished=True, reason="length", n_out=2001))
+        assert s.done.wait(30)
+        elapsed = time.monotonic() - t0
+        if not coalesce:
+            assert len(s.sent) == 2001
+        # every token arrives once, in order, whatever the number of responses
+        assert b"".join(resp.tensors["text_output"][0] for resp, _ in s.sent) == b"x" * 2000 + b"y"
+        assert sum(int(resp.tensors["num_output_tokens"][0]) for resp, _ in s.sent) == 2001
+        assert s.polls <= elapsed / 0.1 + 2, f"{s.polls} is_cancelled() calls in {elapsed:.2f} s"
+        r.shutdown()
+
+
+class BlockingSender(Sender):
+    """Its first send waits for `release`: the outputs pushed meanwhile queue up behind it."""
+
+    def __init__(self):
+        super().__init__()
+        self.release, self.started = threading.Event(), threading.Event()
+
+    def send(self, resp, flags=0):
+        if not self.sent:
+            self.started.set()
+            assert self.release.wait(10)
+        super().send(resp, flags)
+
+
+def test_a_stream_that_fell_behind_gets_its_queued_tokens_in_one_response(pb):
+    from paddle_llm_triton.responder import ResponseOptions
+
+    for coalesce, expect in ((True, [b"w0 ", b"w1 w2 end"]), (False, [b"w0 ", b"w1 ", b"w2 ", b"end"])):
+        r, _ = make(pb, coalesce=coalesce)
+        a, b = BlockingSender(), Sender()
+        opts = dict(stream=True, return_finish_reason=True, return_num_output_tokens=True, return_logprobs=True)
+        r.register("a", a, ResponseOptions(**opts))
+        r.register("b", b, ResponseOptions(**opts))
+        r.push(out("a", "w0 ", [10], n_out=1))
+        assert a.started.wait(5)  # the thread is inside a's first send; the rest queues
+        for i in (1, 2):
+            r.push(out("a", f"w{i} ", [10 + i], n_out=i + 1))
+            r.push(out("b", f"v{i} ", [20 + i], n_out=i))
+        r.push(out("a", "end", [2], finished=True, reason="length", n_out=4))
+        r.push(out("b", "", [], finished=True, reason="abort"))
+        a.release.set()
+        assert a.done.wait(5) and b.done.wait(5)
+        assert [resp.tensors["text_output"][0] for resp, _ in a.sent] == expect
+        counts = [int(resp.tensors["num_output_tokens"][0]) for resp, _ in a.sent]
+        assert counts == ([1, 3] if coalesce else [1, 1, 1, 1])
+        # logprob entries follow the tokens of each response; the finish reason is the last output's
+        assert [len(json.loads(resp.tensors["logprobs"][0])) for resp, _ in a.sent] == counts
+        assert [resp.tensors["finish_reason"][0] for resp, _ in a.sent][-1] == b"length"
+        assert [f for _, f in a.sent][-1] == 1 and all(f == 0 for _, f in a.sent[:-1])
+        # the other request's text is not merged into a's, and its end still ends it
+        text_b = b"".join(resp.tensors["text_output"][0] for resp, _ in b.sent if resp is not None)
+        assert text_b == b"v1 v2 " and b.sent[-1][1] == 1
+        r.shutdown()
+
+
+def test_an_error_after_queued_text_sends_the_text_first(pb):
+    from paddle_llm_triton.responder import ResponseOptions
+
+    r, _ = make(pb)
+    a = BlockingSender()
+    r.register("a", a, ResponseOptions(stream=True))
+    r.push(out("a", "w0 ", [10], n_out=1))
+    assert a.started.wait(5)
+    r.push(out("a", "w1 ", [11], n_out=2))
+    err = out("a", "", [], finished=True, reason="error")
+    err.error, err.error_code = "engine failed", "internal"
+    r.push(err)
+    a.release.set()
+    assert a.done.wait(5)
+    assert [resp.tensors["text_output"][0] for resp, _ in a.sent[:2]] == [b"w0 ", b"w1 "]
+    assert a.sent[2][0].error.message == "engine failed" and a.sent[2][1] == 1
     r.shutdown()

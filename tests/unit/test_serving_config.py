@@ -177,6 +177,14 @@ def test_fault_injection_is_off_unless_set():
     assert not hasattr(cfg, "fault_inject_after_steps")
 
 
+def test_stream_coalescing_is_on_unless_turned_off():
+    assert serving_options(model_config({"model_dir": "/m"})).coalesce_stream_responses is True
+    assert serving_options(model_config({"coalesce_stream_responses": "false"})).coalesce_stream_responses is False
+    assert serving_options(model_config({"coalesce_stream_responses": "true"})).coalesce_stream_responses is True
+    with pytest.raises(ValueError, match="coalesce_stream_responses must be a bool"):
+        serving_options(model_config({"coalesce_stream_responses": "sometimes"}))
+
+
 def test_shipped_llm_config_parameters_are_all_accepted(monkeypatch):
     """model_repository/llm/config.pbtxt: every parameter it sets is known (no load-time error)."""
     import re

@@ -68,7 +68,8 @@ class TritonPythonModel:
         self.stops = StopRequests(self.loop.abort, self.control.publish)
         self.control.handlers.update(stop=self.stops.on_control, drain=self.drain.on_drain, status=self.drain.status)
         self.responder = Responder(abort=self.loop.abort, decode_token=self._decode_token,
-                                   on_finished=lambda out: self.stops.remove(out.request_id))
+                                   on_finished=lambda out: self.stops.remove(out.request_id),
+                                   coalesce=opts.coalesce_stream_responses)
         self.channel = ChannelServer(args["model_name"], self.instance, EnsembleStepHandler(
             self.loop, self.metrics.on_output, self.default_max_tokens, cfg.max_model_len, self.instance,
             on_rejected=self.metrics.on_rejected, drain=self.drain))
