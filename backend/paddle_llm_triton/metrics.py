@@ -71,6 +71,11 @@ VLLM_NAMES = {
     "vllm:request_queue_time_seconds": "histogram",
     "vllm:request_prompt_tokens": "histogram",
     "vllm:request_generation_tokens": "histogram",
+    # speculative decoding (vLLM's spec-decode counters; 0 while speculative_method is "none")
+    "vllm:spec_decode_num_drafts_total": "counter",
+    "vllm:spec_decode_num_draft_tokens_total": "counter",
+    "vllm:spec_decode_num_accepted_tokens_total": "counter",
+    "vllm:spec_decode_num_accepted_tokens_per_pos_total": "counter",
 }
 
 
@@ -95,14 +100,27 @@ def parse_name_sets(value: str) -> tuple[str, ...]:
 
 
 class _Fan:
-    """One quantity written to the metric of every enabled name set (an empty fan does nothing)."""
+    """One quantity written to the metric of every enabled name set (an empty fan does nothing).
+    Every write is an IPC round trip from the stub to the server: a gauge set to the value it holds
+    is not written again."""
 
-    __slots__ = ("metrics",)
+    __slots__ = ("metrics", "_last")
 
     def __init__(self, *metrics):
         self.metrics = list(metrics)
+        self._last = None
+
+    def attach(self, metric):
+        """Add one name set's metric; a gauge attached late starts at the value the fan holds."""
+        self.metrics.append(metric)
+        if self._last is not None:
+            metric.set(self._last)
+        return metric
 
     def set(self, v) -> None:
+        if v == self._last and self._last is not None:
+            return
+        self._last = v
         for m in self.metrics:
             m.set(v)
 
@@ -138,7 +156,9 @@ class LLMMetrics:
         self._reqs: dict[str, _ReqTimes] = {}
         self._preemptions_seen = 0
         self._prefix_seen = (0, 0)  # (queried, hit) prompt tokens already counted
+        self._spec_seen = (0, 0, 0, ())  # spec-decode totals already counted (drafts, tokens, accepted, per pos)
         self._prefix_counts = None  # () -> (queried, hit): the block manager's counters
+        self._counts: dict = {}  # counter fan -> increments summed over one pass of the queue
         self._cache_config: dict[str, str] | None = None
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="llm-metrics", daemon=True)
@@ -207,6 +227,11 @@ class LLMMetrics:
         self.running, self.waiting, self.kv_usage = F(), F(), F()
         self.ttft, self.itl, self.e2e, self.queue_time, self.prompt_len, self.gen_len = F(), F(), F(), F(), F(), F()
         self.prefix_queries, self.prefix_hits = F(), F()
+        # speculative decoding counters; per position: one fan per position seen, a metric in each
+        # (family, labels) of _spec_pos_families (made when the engine first reports the positions)
+        self.spec_drafts, self.spec_draft_tokens, self.spec_accepted = F(), F(), F()
+        self.spec_pos: list[_Fan] = []
+        self._spec_pos_families: list = []
         # llm-only quantities (no vLLM name)
         self.rejected = {r: F() for r in REJECT_REASONS}
         self.timed_out, self.kv_used, self.kv_free, self.prefix_hit, self.healthy, self.restarts = (
@@ -221,25 +246,25 @@ class LLMMetrics:
         lb = self.labels
 
         def counter(fan, name, desc):
-            fan.metrics.append(self._family(name, desc, MF.COUNTER).Metric(labels=lb))
+            fan.attach(self._family(name, desc, MF.COUNTER).Metric(labels=lb))
 
         def gauge(fan, name, desc):
-            fan.metrics.append(self._family(name, desc, MF.GAUGE).Metric(labels=lb))
+            fan.attach(self._family(name, desc, MF.GAUGE).Metric(labels=lb))
 
         def hist(fan, name, desc, buckets):
-            fan.metrics.append(self._family(name, desc, MF.HISTOGRAM).Metric(labels=lb, buckets=buckets))
+            fan.attach(self._family(name, desc, MF.HISTOGRAM).Metric(labels=lb, buckets=buckets))
 
         counter(self.prompt_tokens, "llm_prompt_tokens_total", "Prompt tokens of requests that started generating")
         counter(self.generation_tokens, "llm_generation_tokens_total", "Generated tokens")
         fam = self._family("llm_requests_total", "Finished requests by finish reason", MF.COUNTER)
         for r in FINISH_REASONS:
-            self.requests[r].metrics.append(fam.Metric(labels={**lb, "finish_reason": r}))
+            self.requests[r].attach(fam.Metric(labels={**lb, "finish_reason": r}))
         counter(self.preemptions, "llm_preemptions_total", "Sequences preempted (KV blocks freed, recomputed later)")
         fam = self._family("llm_requests_rejected_total", "Requests refused before they were queued, by reason "
                                                           "(also counted in llm_requests_total{finish_reason=\"error\"})",
                            MF.COUNTER)
         for r in REJECT_REASONS:
-            self.rejected[r].metrics.append(fam.Metric(labels={**lb, "reason": r}))
+            self.rejected[r].attach(fam.Metric(labels={**lb, "reason": r}))
         counter(self.timed_out, "llm_requests_timed_out_total", "Requests aborted at their deadline (the "
                                                                 "request's timeout or max_request_seconds)")
         gauge(self.running, "llm_num_requests_running", "Requests in the running batch")
@@ -260,6 +285,17 @@ class LLMMetrics:
         hist(self.queue_time, "llm_request_queue_time_seconds", "Arrival to first scheduled", _LATENCY_BUCKETS)
         hist(self.prompt_len, "llm_request_prompt_tokens", "Prompt length of finished requests", _TOKEN_BUCKETS)
         hist(self.gen_len, "llm_request_generation_tokens", "Generated tokens of finished requests", _TOKEN_BUCKETS)
+        counter(self.spec_drafts, "llm_spec_decode_num_drafts_total",
+                "Speculative decoding: verify steps of a sequence with draft tokens")
+        counter(self.spec_draft_tokens, "llm_spec_decode_num_draft_tokens_total",
+                "Speculative decoding: draft tokens proposed")
+        counter(self.spec_accepted, "llm_spec_decode_num_accepted_tokens_total",
+                "Speculative decoding: draft tokens accepted")
+        self._spec_pos_family(self._family("llm_spec_decode_num_accepted_tokens_per_pos_total",
+                                           "Speculative decoding: draft tokens accepted, by position in the draft "
+                                           "(label position, 0-based)", MF.COUNTER), lb)
+        for fan in (self.spec_drafts, self.spec_draft_tokens, self.spec_accepted):
+            fan.increment(0)
         for r in FINISH_REASONS:
             self.requests[r].increment(0)
         for r in REJECT_REASONS:
@@ -281,7 +317,7 @@ class LLMMetrics:
             made.append(name)
             fam = self._family(name, desc, kind)
             m = fam.Metric(labels=labels) if buckets is None else fam.Metric(labels=labels, buckets=buckets)
-            fan.metrics.append(m)
+            fan.attach(m)
             return m
 
         G, C, H = MF.GAUGE, MF.COUNTER, MF.HISTOGRAM
@@ -301,12 +337,20 @@ class LLMMetrics:
         for r in FINISH_REASONS:
             m = fam.Metric(labels={**lb, "finished_reason": r})
             m.increment(0)
-            self.requests[r].metrics.append(m)
+            self.requests[r].attach(m)
         add(self.preemptions, "vllm:num_preemptions_total", "Cumulative number of preemption from the engine.", C)
         add(self.prefix_queries, "vllm:prefix_cache_queries_total",
             "Prefix cache queries, in terms of number of queried tokens.", C).increment(0)
         add(self.prefix_hits, "vllm:prefix_cache_hits_total",
             "Prefix cache hits, in terms of number of cached tokens.", C).increment(0)
+        add(self.spec_drafts, "vllm:spec_decode_num_drafts_total", "Number of spec decoding drafts.", C).increment(0)
+        add(self.spec_draft_tokens, "vllm:spec_decode_num_draft_tokens_total", "Number of draft tokens.",
+            C).increment(0)
+        add(self.spec_accepted, "vllm:spec_decode_num_accepted_tokens_total", "Number of accepted tokens.",
+            C).increment(0)
+        made.append("vllm:spec_decode_num_accepted_tokens_per_pos_total")
+        self._spec_pos_family(self._family("vllm:spec_decode_num_accepted_tokens_per_pos_total",
+                                           "Accepted tokens per draft position.", C), lb)
         add(self.ttft, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", H,
             buckets=VLLM_TTFT_BUCKETS)
         add(self.itl, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", H,
@@ -332,12 +376,37 @@ class LLMMetrics:
             self._ready.set()
             return
         self._ready.set()
+        # One pass takes what is queued: counters are incremented once per pass with the sum, and of
+        # several engine states only the last is written (gauges; the preemption counter is a total).
         while True:
-            item = self._q.get()
-            if item is None:
-                return
+            batch = [self._q.get()]
+            while len(batch) < 4096:
+                try:
+                    batch.append(self._q.get_nowait())
+                except queue.Empty:
+                    break
+            last_state = max((i for i, it in enumerate(batch) if it is not None and it[0] == "state"), default=-1)
+            for i, item in enumerate(batch):
+                if item is None:
+                    self._flush_counts()
+                    return
+                if item[0] == "state" and i != last_state:
+                    continue
+                try:
+                    self._apply(item)
+                except Exception:
+                    log.exception("metric update failed")
+            self._flush_counts()
+
+    def _count(self, fan: "_Fan", n: int) -> None:
+        """Add n to a counter at the end of this pass (one IPC per counter per pass, not per output)."""
+        self._counts[fan] = self._counts.get(fan, 0) + n
+
+    def _flush_counts(self) -> None:
+        counts, self._counts = self._counts, {}
+        for fan, n in counts.items():
             try:
-                self._apply(item)
+                fan.increment(n)
             except Exception:
                 log.exception("metric update failed")
 
@@ -367,9 +436,39 @@ class LLMMetrics:
             self.requests["error"].increment(1)
             self.rejected.get(item[1], self.rejected["internal"]).increment(1)
         elif kind == "flush":
+            self._flush_counts()
             item[1].set()
 
+    def _spec_pos_family(self, fam, labels: dict) -> None:
+        """Register a per-position family; the positions already known get their metric in it."""
+        self._spec_pos_families.append((fam, labels))
+        for i, fan in enumerate(self.spec_pos):
+            fan.attach(fam.Metric(labels={**labels, "position": str(i)})).increment(0)
+
+    def _spec_state(self, s: EngineStats) -> None:
+        """Speculative-decoding counters: increments since the last state (the engine's are totals)."""
+        seen = self._spec_seen
+        for fan, now, before in ((self.spec_drafts, s.spec_num_drafts, seen[0]),
+                                 (self.spec_draft_tokens, s.spec_num_draft_tokens, seen[1]),
+                                 (self.spec_accepted, s.spec_num_accepted_tokens, seen[2])):
+            if now > before:
+                fan.increment(now - before)
+        per_pos = tuple(s.spec_accepted_per_pos)
+        while len(self.spec_pos) < len(per_pos):
+            fan = _Fan()
+            i = len(self.spec_pos)
+            for fam, labels in self._spec_pos_families:
+                fan.attach(fam.Metric(labels={**labels, "position": str(i)})).increment(0)
+            self.spec_pos.append(fan)
+        old = seen[3] + (0,) * (len(per_pos) - len(seen[3]))
+        for fan, now, before in zip(self.spec_pos, per_pos, old):
+            if now > before:
+                fan.increment(now - before)
+        self._spec_seen = (max(s.spec_num_drafts, seen[0]), max(s.spec_num_draft_tokens, seen[1]),
+                           max(s.spec_num_accepted_tokens, seen[2]), tuple(max(a, b) for a, b in zip(per_pos, old)))
+
     def _state(self, s: EngineStats) -> None:
+        self._spec_state(s)
         if s.num_preemptions_total > self._preemptions_seen:
             self.preemptions.increment(s.num_preemptions_total - self._preemptions_seen)
             self._preemptions_seen = s.num_preemptions_total
@@ -395,11 +494,11 @@ class LLMMetrics:
         n = len(out.token_ids)
         if n and not r.seen_prompt:
             r.seen_prompt = True
-            self.prompt_tokens.increment(out.num_prompt_tokens)
+            self._count(self.prompt_tokens, out.num_prompt_tokens)
             if out.first_scheduled_time is not None:
                 self.queue_time.observe(max(0.0, out.first_scheduled_time - r.arrival))
         if n:
-            self.generation_tokens.increment(n)
+            self._count(self.generation_tokens, n)
             if r.first_token is None:
                 r.first_token = t
                 self.ttft.observe(t - r.arrival)

@@ -21,12 +21,17 @@ VLLM_LABELS = {"model_name": "llm", "engine": "llm_0_1"}
 
 
 class _Metric:
+    calls = 0  # every metric write (each is an IPC round trip in the real stub)
+
     def __init__(self, family, labels, buckets):
         self.family, self.labels, self.buckets = family, labels, buckets
         self.value, self.observed = 0.0, []
+        self.writes = 0
 
     def _call(self):
         _Family.threads.add(threading.current_thread().name)
+        _Metric.calls += 1
+        self.writes += 1
 
     def increment(self, v):
         self._call()
@@ -170,6 +175,57 @@ def test_same_values_under_both_names(make):
     assert _Family.threads == {"llm-metrics"}
 
 
+def test_metric_writes_per_token_stay_bounded_when_outputs_queue_up(make):
+    """32 streams x 20 steps queued before the metrics thread runs: the token counters get one write
+    per pass, gauges one write per change, and only the inter-token histograms (one observation per
+    token, 3 families with both name sets) grow with the tokens. Values are those of one write per
+    output: 640 generated tokens, 32 x 19 gaps under each ITL name."""
+    m = make()
+    m.flush()
+    gate = threading.Event()
+    m._q.put(("flush", gate))  # processed first; the thread then takes the rest in one pass
+    held = threading.Event()
+    orig = m._apply
+
+    def slow_first(item):  # hold the thread until everything is queued
+        orig(item)
+        if item[0] == "flush" and item[1] is gate:
+            held.wait(10)
+    m._apply = slow_first
+    assert gate.wait(10)
+    before = _Metric.calls
+    for step in range(20):
+        for i in range(32):
+            m.on_output(RequestOutput(request_id=f"r{i}", token_ids=[7], num_prompt_tokens=5, arrival_time=1.0,
+                                      first_scheduled_time=1.5, num_output_tokens=step + 1))
+        m.on_state(_stats(running=32, used=40 + step // 10))
+    held.set()
+    m.flush()
+    writes = _Metric.calls - before
+    assert metric("llm_generation_tokens_total").value == metric("vllm:generation_tokens_total").value == 640
+    assert metric("llm_prompt_tokens_total").value == 32 * 5
+    assert metric("llm_generation_tokens_total").writes <= 3 and metric("vllm:generation_tokens_total").writes <= 3
+    itl = 32 * 19
+    assert len(metric("llm_inter_token_latency_seconds").observed) == itl
+    assert len(metric("vllm:time_per_output_token_seconds").observed) == itl
+    ttft = 32 * 2  # llm_ and vllm: first-token histograms, one observation per request each
+    queue_time = 32 * 2
+    # histograms per token + per request, plus a handful of counter and gauge writes
+    assert writes <= 3 * itl + ttft + queue_time + 40, writes
+    assert metric("llm_num_requests_running").value == 32 and metric("llm_kv_cache_usage_ratio").value == pytest.approx(41 / (41 + 364))
+
+
+def test_a_gauge_is_written_when_it_changes(make):
+    m = make()
+    m.flush()
+    g = metric("vllm:num_requests_waiting")
+    for w in (3, 3, 3, 5, 5, 0):
+        m.on_state(_stats(waiting=w))
+        m.flush()  # one state per pass: each is applied
+    assert g.value == 0 and metric("llm_num_requests_waiting").value == 0
+    assert g.writes <= 1 + 3  # the start value, then 3, 5 and 0
+
+
 def test_prefix_cache_counters_follow_the_engines_counts(make):
     m = make()
     m.flush()
@@ -229,3 +285,27 @@ def test_shipped_config_sets_both():
     text = (Path(__file__).resolve().parents[2] / "model_repository" / "llm" / "config.pbtxt").read_text()
     m = re.search(r'key: "metrics_names" value: \{ string_value: "([^"]*)" \}', text)
     assert m and parse_name_sets(m.group(1)) == ("llm", "vllm")
+
+
+def test_spec_decode_counters_under_both_names(make):
+    """The engine's speculative-decoding totals become counter increments under the llm_ and vllm:
+    names, per draft position with label `position`."""
+    m = make()
+    m.on_state(_stats())
+    m.on_state(EngineStats(running=1, waiting=0, kv_used_blocks=1, kv_free_blocks=363, prefix_cache_hit_ratio=0.0,
+                           num_preemptions_total=0, spec_num_drafts=3, spec_num_draft_tokens=10,
+                           spec_num_accepted_tokens=6, spec_accepted_per_pos=(3, 2, 1, 0)))
+    m.flush()
+    m.on_state(EngineStats(running=1, waiting=0, kv_used_blocks=1, kv_free_blocks=363, prefix_cache_hit_ratio=0.0,
+                           num_preemptions_total=0, spec_num_drafts=5, spec_num_draft_tokens=18,
+                           spec_num_accepted_tokens=9, spec_accepted_per_pos=(5, 3, 1, 0)))
+    m.flush()
+    for llm_name, vllm_name, want in [
+            ("llm_spec_decode_num_drafts_total", "vllm:spec_decode_num_drafts_total", 5),
+            ("llm_spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_draft_tokens_total", 18),
+            ("llm_spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_accepted_tokens_total", 9)]:
+        assert metric(llm_name).value == metric(vllm_name).value == want, llm_name
+    for pos, want in enumerate((5, 3, 1, 0)):
+        assert metric("llm_spec_decode_num_accepted_tokens_per_pos_total", position=str(pos)).value == want
+        v = metric("vllm:spec_decode_num_accepted_tokens_per_pos_total", position=str(pos))
+        assert v.value == want and v.labels["model_name"] == "llm"
