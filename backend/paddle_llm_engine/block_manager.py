@@ -189,6 +189,21 @@ class BlockManager:
                 self._block_hash[b] = h
                 self._block_tokens[b] = tokens
 
+    def trim(self, seq: Sequence, num_tokens: int) -> None:
+        """Drop the blocks of seq's table that lie wholly past its first `num_tokens` tokens
+        (speculative rollback: blocks taken for rejected draft tokens). They hold no computed
+        tokens, so they carry no prefix-cache hash."""
+        keep = -(-num_tokens // self.block_size)
+        while len(seq.block_table) > keep:
+            b = seq.block_table.pop()
+            self.ref_counts[b] -= 1
+            assert self.ref_counts[b] >= 0, f"block {b} freed twice"
+            if self.ref_counts[b] == 0:
+                self._free[b] = None
+                if self._copies:
+                    self._copies = [(s, d) for s, d in self._copies if d != b]
+        del seq.block_hashes[keep:]
+
     def free(self, seq: Sequence) -> None:
         """Drop seq's references; blocks no one references go back to the free pool (their cached
         content stays findable until the block is reused)."""

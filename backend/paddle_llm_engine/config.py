@@ -19,6 +19,8 @@ log = logging.getLogger(__name__)
 WAITING_PER_SEQ_SLOT = 4
 # deprecated EngineConfig / config.pbtxt names -> the current field
 DEPRECATED_ALIASES = {"max_waiting_requests": "max_num_waiting"}
+# EngineConfig.speculative_method values
+SPECULATIVE_METHODS = ("none", "ngram")
 
 
 # HF transformers' defaults for fields a config.json may omit, where a family's config class differs
@@ -275,6 +277,14 @@ class EngineConfig:
         remote ranks; 0 is refused then).
     tp_join_timeout_s: how long the start waits for the remote ranks to join (> 0 s); the start
         then fails naming the ranks that did not.
+    speculative_method: "none" (the default) or "ngram": n-gram (prompt-lookup) speculative
+        decoding, vLLM's names (spec_decode/): a decoding sequence proposes up to
+        num_speculative_tokens draft tokens by matching its last prompt_lookup_max ..
+        prompt_lookup_min tokens against its earlier tokens, and one step verifies them all;
+        greedy output is unchanged, sampled output keeps its distribution.
+    num_speculative_tokens: k, draft tokens proposed per sequence and step (>= 1).
+    prompt_lookup_min / prompt_lookup_max: the n-gram lengths tried, longest first
+        (1 <= min <= max).
     """
 
     model_dir: str
@@ -301,6 +311,10 @@ class EngineConfig:
     tp_hosts: str = ""
     tp_port: int = 29650
     tp_join_timeout_s: float = 300.0
+    speculative_method: str = "none"
+    num_speculative_tokens: int = 4
+    prompt_lookup_min: int = 2
+    prompt_lookup_max: int = 4
     max_waiting_requests: InitVar[int | None] = None
 
     def __post_init__(self, max_waiting_requests: int | None) -> None:
@@ -340,6 +354,7 @@ class EngineConfig:
                 raise ValueError(f"tp_port must be in 1..65535 when tp_hosts is set, got {self.tp_port}")
             if not (math.isfinite(self.tp_join_timeout_s) and self.tp_join_timeout_s > 0):
                 raise ValueError(f"tp_join_timeout_s must be > 0, got {self.tp_join_timeout_s}")
+        self.validate_speculative()
         if self.prefill_chunk_size < 0:
             raise ValueError(f"prefill_chunk_size must be >= 0 (0 = no cap), got {self.prefill_chunk_size}")
         if self.max_num_waiting < 0:
@@ -355,6 +370,29 @@ class EngineConfig:
         if not (0.0 <= self.kv_cache_memory_fraction <= 1.0):
             raise ValueError(f"kv_cache_memory_fraction must be 0 (off) or in (0, 1], "
                              f"got {self.kv_cache_memory_fraction}")
+
+    @property
+    def speculative(self) -> bool:
+        """True when speculative decoding is on (speculative_method is not "none")."""
+        return self.speculative_method.strip().lower() not in ("", "none")
+
+    def validate_speculative(self) -> None:
+        """Check the speculative-decoding settings; raises ValueError naming the setting."""
+        method = self.speculative_method.strip().lower() or "none"
+        if method not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative_method must be one of {', '.join(SPECULATIVE_METHODS)}, "
+                             f"got {self.speculative_method!r}")
+        self.speculative_method = method
+        if self.num_speculative_tokens < 1:
+            raise ValueError(f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}")
+        if self.prompt_lookup_min < 1:
+            raise ValueError(f"prompt_lookup_min must be >= 1, got {self.prompt_lookup_min}")
+        if self.prompt_lookup_max < self.prompt_lookup_min:
+            raise ValueError(f"prompt_lookup_max ({self.prompt_lookup_max}) must be >= prompt_lookup_min "
+                             f"({self.prompt_lookup_min})")
+        if self.speculative and self.num_speculative_tokens + 1 > self.max_num_batched_tokens:
+            raise ValueError(f"num_speculative_tokens ({self.num_speculative_tokens}) + 1 must be <= "
+                             f"max_num_batched_tokens ({self.max_num_batched_tokens})")
 
 
 def parse_tp_hosts(text: str, size: int) -> list[tuple[str, int]]:

@@ -7,6 +7,9 @@ the sampled rows' logits (executor/), the sampler draws the tokens here (sampler
 scheduler applies the token state and the finishing rules, and each request's state turns its
 tokens into text and outputs (request_state.py). Requests are checked once, on the caller's thread
 (check_request, request.py).
+With speculative decoding (EngineConfig.speculative_method "ngram") the scheduler also schedules
+draft tokens (spec_decode/ngram.py) and the engine verifies them (_verify): a sequence may get
+several tokens in one step, in one RequestOutput.
 """
 
 from __future__ import annotations
@@ -28,9 +31,10 @@ from paddle_llm_engine.outputs import EngineStats, RequestOutput
 from paddle_llm_engine.platforms import resolve_device
 from paddle_llm_engine.request import PreparedRequest, RequestChecker
 from paddle_llm_engine.request_state import Deadline, RequestState, SequenceState
-from paddle_llm_engine.sampler import sample
+from paddle_llm_engine.sampler import draw_speculative, sample
 from paddle_llm_engine.sampling_params import SamplingParams
 from paddle_llm_engine.scheduler import Scheduler
+from paddle_llm_engine.spec_decode.ngram import NgramProposer, SpecState
 from paddle_llm_engine.step import Step, build_step
 from paddle_llm_engine.tokenizer import load_tokenizer
 
@@ -56,8 +60,17 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(config.model_dir)
         self.block_manager = BlockManager(self.executor.num_kv_blocks, config.block_size,
                                           enable_prefix_caching=bool(config.enable_prefix_caching))
+        self.proposer = None
+        if config.speculative:
+            self.proposer = NgramProposer(config.num_speculative_tokens, config.prompt_lookup_min,
+                                          config.prompt_lookup_max, config.max_model_len)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
-                                   config.prefill_chunk_size)
+                                   config.prefill_chunk_size, self.proposer)
+        # speculative decoding counters (vLLM's spec-decode metrics), since start
+        self.spec_num_drafts = 0
+        self.spec_num_draft_tokens = 0
+        self.spec_num_accepted_tokens = 0
+        self.spec_accepted_per_pos = [0] * (config.num_speculative_tokens if config.speculative else 0)
         self.requests: dict[str, RequestState] = {}
         # (deadline.at, tie-breaker, request id, RequestState): earliest first. Entries of requests
         # that ended otherwise stay until popped or compacted (see _expire_deadlines).
@@ -137,6 +150,10 @@ class LLMEngine:
             raise EngineBusyError(self.num_waiting, self.config.max_num_waiting)
         req = RequestState(request_id, prepared, self.tokenizer, arrival_time)
         req.deadline = Deadline.earliest(req.seq.arrival_time, timeout_s, self.config.max_request_seconds)
+        if self.proposer is not None:  # guided sequences never speculate (see spec_decode/ngram.py)
+            for st in req.states:
+                if st.sampling.guide is None:
+                    st.seq.spec = SpecState()
         self.requests[request_id] = req
         if req.deadline is not None:
             heapq.heappush(self._deadlines, (req.deadline.at, next(self._deadline_seq), request_id, req))
@@ -183,7 +200,10 @@ class LLMEngine:
                            kv_used_blocks=self.block_manager.num_used_blocks,
                            kv_free_blocks=self.block_manager.num_free_blocks,
                            prefix_cache_hit_ratio=self.block_manager.prefix_cache_hit_ratio,
-                           num_preemptions_total=sch.num_preemptions)
+                           num_preemptions_total=sch.num_preemptions,
+                           spec_num_drafts=self.spec_num_drafts, spec_num_draft_tokens=self.spec_num_draft_tokens,
+                           spec_num_accepted_tokens=self.spec_num_accepted_tokens,
+                           spec_accepted_per_pos=tuple(self.spec_accepted_per_pos))
 
     def close(self) -> None:
         """Release the executor's processes (tensor parallel workers); idempotent."""
@@ -218,21 +238,67 @@ class LLMEngine:
         """The step's tokens: (row or None, SequenceState, token, logprob) for every sampled entry,
         then for every sibling forked this step (drawn with its own state from its parent's row)."""
         rows, states = [], []
-        for row, s in enumerate(step.sampled):
+        offsets = step.row_offsets()
+        plain = [(row, s) for row, s in zip(offsets, step.sampled) if not s.draft_token_ids]  # drafts: _verify
+        for row, s in plain:
             req = self.requests[s.request_id]
             rows.append(row)
             states.append(req.states[s.seq_index])
-        for row, s in enumerate(step.sampled):
+        k = len(rows)
+        for row, s in plain:
             for i in s.forks:
                 rows.append(row)
                 states.append(self.requests[s.request_id].states[i])
         if not states:
             return []
-        k = step.num_sampled
-        rows_logits = logits if len(rows) == k else logits[rows]  # forks repeat their parent's row
+        rows_logits = logits if rows == list(range(logits.shape[0])) else logits[rows]  # forks repeat their parent's row
         tokens, logprobs = sample(rows_logits, [st.seq for st in states], [st.sampling for st in states])
         return [(row if j < k else None, st, int(tok), lp)
                 for j, (row, st, tok, lp) in enumerate(zip(rows, states, tokens.tolist(), logprobs))]
+
+    def _verify(self, s, row0: int, logits: np.ndarray, now: float, return_logits: bool) -> RequestOutput | None:
+        """Speculative decoding: verify the draft tokens of one entry (rows row0 .. row0 + drafts of
+        `logits`, spec_decode/ngram.py's flow). Position by position, with the tokens accepted so
+        far, accept the draft (sampler.draw_speculative) and append it through the usual token
+        state and output processing; the first non-accepted token (correction), or the bonus token
+        after every draft was accepted, is appended last; the first token that finishes the
+        sequence ends it. Then the rollback (Scheduler.rollback) and the counters. Returns the
+        sequence's output, or None when its request ended meanwhile."""
+        req = self.requests.get(s.request_id)
+        if req is None:
+            return None
+        st = req.states[s.seq_index]
+        seq = st.seq
+        if seq.is_finished:
+            return None
+        drafts = s.draft_token_ids
+        texts, reason, accepted, row = [], None, 0, row0
+        for j in range(len(drafts) + 1):
+            row = row0 + j
+            tok, ok, lp = draw_speculative(logits[row], seq, st.sampling, drafts[j] if j < len(drafts) else None)
+            reason = self.scheduler.append_token(seq, tok, lp, now, self.config.max_model_len)
+            if st.sampling.guide_finished(tok, goes_on=reason is None):
+                reason = "stop"
+            text, reason = st.process(tok, reason)
+            texts.append(text)
+            if ok:
+                accepted += 1
+                self.spec_accepted_per_pos[j] += 1
+            if reason is not None or not ok:
+                break
+        self.spec_num_drafts += 1
+        self.spec_num_draft_tokens += len(drafts)
+        self.spec_num_accepted_tokens += accepted
+        if seq.spec is not None:
+            seq.spec.record(len(drafts), accepted)
+        if reason is not None:
+            self._finish(req, st, reason)
+        else:
+            self.scheduler.rollback(seq, accepted)
+        out = req.output(st, "".join(texts), seq_finished=reason is not None, reason=reason)
+        if return_logits:
+            out.logits = logits[row].copy()
+        return out
 
     def _update_from_output(self, scheduled, step: Step, logits: np.ndarray, return_logits: bool
                             ) -> list[RequestOutput]:
@@ -262,6 +328,11 @@ class LLMEngine:
             if return_logits and row is not None:
                 out.logits = logits[row].copy()
             outputs.append(out)
+        for row0, s in zip(step.row_offsets(), step.sampled):
+            if s.draft_token_ids:
+                out = self._verify(s, row0, logits, now, return_logits)
+                if out is not None:
+                    outputs.append(out)
         return outputs
 
     def _finish(self, req: RequestState, st: SequenceState, reason: str) -> None:

@@ -59,7 +59,11 @@ class RequestOutput:
 
 @dataclass
 class EngineStats:
-    """Engine gauges, read on the engine thread (counts of requests and KV blocks)."""
+    """Engine gauges, read on the engine thread (counts of requests and KV blocks), and counters since
+    start. Speculative decoding (vLLM's spec-decode counters; 0 / () when it is off):
+    spec_num_drafts: verify steps of a sequence with draft tokens; spec_num_draft_tokens: draft
+    tokens proposed; spec_num_accepted_tokens: of which accepted; spec_accepted_per_pos[i]: drafts
+    accepted at position i (0-based) of their proposal."""
 
     running: int
     waiting: int
@@ -67,6 +71,10 @@ class EngineStats:
     kv_free_blocks: int
     prefix_cache_hit_ratio: float
     num_preemptions_total: int
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_pos: tuple = ()
 
     @property
     def kv_usage_ratio(self) -> float:

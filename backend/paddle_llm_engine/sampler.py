@@ -189,6 +189,57 @@ def sample(logits: np.ndarray, seqs: list[Sequence], states: list[SamplingState]
     return out, logprobs
 
 
+def draw_speculative(raw: np.ndarray, seq: Sequence, st: SamplingState, draft: int | None
+                     ) -> tuple[int, bool, tuple[float, list]]:
+    """Speculative verify of one position (spec_decode/): (the emitted token, whether it is the
+    accepted draft, its logprob entry as `sample` reports it). raw: the position's [V] fp32 logits;
+    seq: the sequence with the tokens accepted so far (penalties, bad words and min_tokens read
+    them); draft: the proposed token, or None for the bonus position (a plain draw). Greedy: the
+    draft is accepted when it is the argmax; sampled: rejection.accept_or_resample on the filtered
+    distribution, so the emitted token has that distribution exactly."""
+    from paddle_llm_engine.spec_decode.rejection import accept_or_resample
+
+    prm = st.params
+    row = _processed_row(raw, seq, st)
+    if prm.greedy:
+        tok = int(np.argmax(row))
+        accepted = draft is not None and tok == draft
+    else:
+        p = _filtered_probs(row, prm.temperature, prm.top_k, prm.top_p, prm.min_p)
+        if draft is None:
+            tok, accepted = _draw_from(p, st.rng), False
+        else:
+            tok, accepted = accept_or_resample(p, int(draft), st.rng)
+    if prm.logprobs is not None or prm.compute_logprobs:
+        lp = token_logprobs(raw, tok, prm.logprobs or 0, with_rank=prm.logprobs is not None)
+    else:
+        lp = (0.0, [])
+    return tok, accepted, lp
+
+
+def _draw_from(p: np.ndarray, rng: np.random.Generator) -> int:
+    cdf = np.cumsum(p)
+    u = rng.random() * cdf[-1]
+    return min(int(np.searchsorted(cdf, u, side="right")), p.shape[0] - 1)
+
+
+def _processed_row(raw: np.ndarray, seq: Sequence, st: SamplingState) -> np.ndarray:
+    """The row after the module docstring's processing up to the guide mask (raw itself when
+    nothing applies)."""
+    prm = st.params
+    row = raw
+    if st.custom or seq.num_output_tokens < prm.min_tokens or _needs_penalties(prm, st):
+        row = raw.copy()
+        if st.custom:
+            _allow_and_bias(row, st)
+        _suppress_stops(row, seq, st)
+        _apply_penalties(row, seq, prm)
+        _ban_bad_words(row, seq, st)
+    if st.guide is not None:
+        row = st.guide.apply(row, raw)
+    return row
+
+
 def _draw(raw: np.ndarray, seq: Sequence, st: SamplingState) -> int:
     """One row's token: the row processed in the module docstring's order, then argmax or a draw."""
     prm = st.params

@@ -11,6 +11,11 @@ While any running sequence decodes, the prompt tokens of a step (both kinds abov
 `prefill_chunk_size`: a wave of arriving prompts is spread over several steps instead of stalling
 every running stream for the whole wave's prefill.
 A step therefore mixes prefills and decodes. The scheduler never touches tensors.
+Speculative decoding (a `proposer` given): a decoding sequence may get d draft tokens
+(ScheduledSeq.draft_token_ids) and is then scheduled for 1 + d tokens: the budget and its KV blocks
+count them all; when its blocks do not fit, it is first scheduled without drafts before anything
+is preempted. Drafts never become tokens of the sequence here: the engine appends the verified ones
+and calls `rollback`.
 
 After a step, the token state changes here too (the engine calls these in LLMEngine's
 _update_from_output): computed tokens advance and full blocks join the prefix cache (advance),
@@ -35,11 +40,12 @@ class ScheduledSeq:
 
     seq: Sequence
     num_new_tokens: int
+    draft_token_ids: tuple[int, ...] = ()  # speculative: proposed tokens, counted in num_new_tokens
 
     @property
     def samples(self) -> bool:
         """True when this step reaches the sequence's last token, so a new token is sampled."""
-        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+        return self.seq.num_computed_tokens + self.num_new_tokens - len(self.draft_token_ids) == self.seq.num_tokens
 
 
 @dataclass
@@ -58,14 +64,17 @@ class Scheduler:
     """Holds the waiting and running queues and the block manager."""
 
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 prefill_chunk_size: int = 0):
+                 prefill_chunk_size: int = 0, proposer=None):
         """prefill_chunk_size: when any running sequence decodes, the prompt tokens (new prompts,
         prompt chunks, recomputes) of one step are capped at this many, so running decodes wait for
-        at most one chunk's compute when prompts arrive in waves; 0: only max_num_batched_tokens."""
+        at most one chunk's compute when prompts arrive in waves; 0: only max_num_batched_tokens.
+        proposer(seq, budget) -> draft token ids (at most budget) for a decoding sequence
+        (speculative decoding, spec_decode/); None: no speculation."""
         self.blocks = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.prefill_chunk_size = prefill_chunk_size
+        self.proposer = proposer
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -98,6 +107,13 @@ class Scheduler:
                 running.append(seq)
                 continue
             n = min(pending, budget) if pending == 1 else min(pending, budget, prefill_left)
+            drafts = ()
+            if pending == 1 and self.proposer is not None and budget > 1:
+                drafts = self.proposer(seq, budget - 1)
+                if drafts and not self.blocks.can_allocate(
+                        self.blocks.blocks_needed(seq, seq.num_computed_tokens + 1 + len(drafts))):
+                    drafts = ()  # no room for the drafts: decode plainly rather than preempt
+                n += len(drafts)
             # Make room: preempt the newest running sequences (never `seq` itself unless alone).
             while not self.blocks.can_allocate(self.blocks.blocks_needed(seq, seq.num_computed_tokens + n)):
                 victim = queue.pop() if queue else None
@@ -109,7 +125,7 @@ class Scheduler:
             if seq is None:
                 continue
             self.blocks.allocate(seq, seq.num_computed_tokens + n)
-            out.scheduled.append(ScheduledSeq(seq, n))
+            out.scheduled.append(ScheduledSeq(seq, n, drafts))
             running.append(seq)
             budget -= n
             if pending > 1:
@@ -147,9 +163,22 @@ class Scheduler:
     # -- after a step ----------------------------------------------------------------------------
     def advance(self, scheduled: list[ScheduledSeq]) -> None:
         """The step computed its tokens: their K/V are in the cache, full blocks become reusable."""
-        for s in scheduled:
-            s.seq.num_computed_tokens += s.num_new_tokens
+        for s in scheduled:  # drafts: their KV counts only once verified (rollback)
+            s.seq.num_computed_tokens += s.num_new_tokens - len(s.draft_token_ids)
             self.blocks.commit_full_blocks(s.seq)
+
+    def rollback(self, seq: Sequence, num_accepted: int) -> None:
+        """After a speculative verify of `seq` (its verified tokens appended): the KV of its
+        num_accepted accepted drafts is valid, the rejected positions' is not (their slots are
+        overwritten when those positions are computed again). Counts the accepted ones computed,
+        frees the blocks that lie wholly past the sequence's tokens, and commits the full blocks of
+        computed (accepted) tokens to the prefix cache. A finished sequence has no blocks left."""
+        if seq.is_finished:
+            return
+        seq.num_computed_tokens += num_accepted
+        assert seq.num_computed_tokens < seq.num_tokens, "a verified sequence keeps its last token pending"
+        self.blocks.trim(seq, seq.num_tokens)
+        self.blocks.commit_full_blocks(seq)
 
     def fork(self, parent: Sequence, children: list[Sequence]) -> None:
         """Sequences of parent's request (n > 1) join the running queue sharing its KV blocks (its

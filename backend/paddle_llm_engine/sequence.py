@@ -30,6 +30,8 @@ class Sequence:
         resolved them for the request.
     num_new_blocks / num_reused_blocks: KV blocks this sequence took fresh (copies on write
         included) / found in the prefix cache, over its life (request perf metrics).
+    spec: its speculative-decoding acceptance record (spec_decode.ngram.SpecState), or None when
+        it does not speculate (speculation off, or a guided request).
     """
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
@@ -57,6 +59,7 @@ class Sequence:
         self.num_reused_blocks = 0
         self.cumulative_logprob = 0.0
         self.pending_logprobs: list[tuple[float, list[tuple[int, float]]]] = []  # not yet reported
+        self.spec = None
 
     @property
     def num_tokens(self) -> int:

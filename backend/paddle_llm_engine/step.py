@@ -6,8 +6,10 @@ Nothing in a Step is a live engine object: it holds ints, strings and tuples onl
 as it is to the tensor-parallel ranks and no worker can change a sequence, a block table or a
 request through it.
 
-Order: the decoding entries (one new token) first, then the prompt chunks, as the model packs its
-tokens; the logits rows a worker returns follow the entries that sample, in this order.
+Order: the decoding entries (one new token) first, then the multi-token entries (prompt chunks and
+speculative verifies), as the model packs its tokens; the logits rows a worker returns follow the
+entries that sample, in this order: 1 row per entry, 1 + len(draft_token_ids) rows for an entry
+with draft tokens (speculative decoding, spec_decode/), its positions in order.
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ class SeqStep:
     samples: the step reaches the sequence's last token, so a logits row is produced for it.
     forks: seq_index of the sibling sequences (n > 1) forked from this one when it samples its
         first token; each draws its own first token from this entry's logits row (engine side).
+    draft_token_ids: speculative decoding: the proposed tokens this step verifies. They are the
+        last len(draft_token_ids) of token_ids (token_ids = (the sequence's last token,) + drafts)
+        and not yet tokens of the sequence; the entry returns one logits row per position of
+        its last token and drafts (1 + len(draft_token_ids) rows).
     """
 
     request_id: str
@@ -35,11 +41,17 @@ class SeqStep:
     block_table: tuple[int, ...]
     samples: bool
     forks: tuple[int, ...] = ()
+    draft_token_ids: tuple[int, ...] = ()
 
     @property
     def num_tokens(self) -> int:
         """Tokens this step computes for the sequence."""
         return len(self.token_ids)
+
+    @property
+    def num_rows(self) -> int:
+        """Logits rows this entry returns: 0 unless it samples, else 1 + its draft tokens."""
+        return 1 + len(self.draft_token_ids) if self.samples else 0
 
 
 @dataclass(frozen=True)
@@ -57,8 +69,16 @@ class Step:
 
     @property
     def num_sampled(self) -> int:
-        """Logits rows the step produces."""
-        return sum(1 for s in self.seqs if s.samples)
+        """Logits rows the step produces (an entry with draft tokens produces 1 + drafts)."""
+        return sum(s.num_rows for s in self.seqs)
+
+    def row_offsets(self) -> list[int]:
+        """The first logits row of each entry of `sampled`, in order."""
+        out, row = [], 0
+        for s in self.sampled:
+            out.append(row)
+            row += s.num_rows
+        return out
 
 
 def build_step(scheduled, copies=(), forks_of=None) -> Step:
@@ -70,9 +90,11 @@ def build_step(scheduled, copies=(), forks_of=None) -> Step:
     entries = []
     for s in sorted(scheduled, key=lambda s: s.num_new_tokens > 1):  # stable: decodes first
         seq, start, n = s.seq, s.seq.num_computed_tokens, s.num_new_tokens
+        drafts = tuple(s.draft_token_ids)
         forks = ()
         if forks_of is not None and s.samples and seq.num_output_tokens == 0:
             forks = tuple(c.seq_index for c in forks_of(seq))
-        entries.append(SeqStep(seq.request_id, seq.seq_index, tuple(seq.token_ids[start:start + n]), start,
-                               tuple(seq.block_table), s.samples, forks))
+        tokens = tuple(seq.token_ids[start:start + n - len(drafts)]) + drafts
+        entries.append(SeqStep(seq.request_id, seq.seq_index, tokens, start,
+                               tuple(seq.block_table), s.samples, forks, drafts))
     return Step(tuple(entries), tuple(tuple(p) for p in copies))

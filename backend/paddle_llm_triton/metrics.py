@@ -285,6 +285,18 @@ class LLMMetrics:
         hist(self.queue_time, "llm_request_queue_time_seconds", "Arrival to first scheduled", _LATENCY_BUCKETS)
         hist(self.prompt_len, "llm_request_prompt_tokens", "Prompt length of finished requests", _TOKEN_BUCKETS)
         hist(self.gen_len, "llm_request_generation_tokens", "Generated tokens of finished requests", _TOKEN_BUCKETS)
+        self._create_llm_spec(counter, MF, lb)
+        for r in FINISH_REASONS:
+            self.requests[r].increment(0)
+        for r in REJECT_REASONS:
+            self.rejected[r].increment(0)
+        self.timed_out.increment(0)
+        self.kv_free.set(0)
+        self.healthy.set(1)
+        self.restarts.set(self.restarts_before)
+
+    def _create_llm_spec(self, counter, MF, lb: dict) -> None:
+        """The llm_spec_decode_* counters (speculative decoding)."""
         counter(self.spec_drafts, "llm_spec_decode_num_drafts_total",
                 "Speculative decoding: verify steps of a sequence with draft tokens")
         counter(self.spec_draft_tokens, "llm_spec_decode_num_draft_tokens_total",
@@ -296,14 +308,17 @@ class LLMMetrics:
                                            "(label position, 0-based)", MF.COUNTER), lb)
         for fan in (self.spec_drafts, self.spec_draft_tokens, self.spec_accepted):
             fan.increment(0)
-        for r in FINISH_REASONS:
-            self.requests[r].increment(0)
-        for r in REJECT_REASONS:
-            self.rejected[r].increment(0)
-        self.timed_out.increment(0)
-        self.kv_free.set(0)
-        self.healthy.set(1)
-        self.restarts.set(self.restarts_before)
+
+    def _create_vllm_spec(self, add, C, lb: dict, made: list) -> None:
+        """vLLM's spec-decode counters."""
+        add(self.spec_drafts, "vllm:spec_decode_num_drafts_total", "Number of spec decoding drafts.", C).increment(0)
+        add(self.spec_draft_tokens, "vllm:spec_decode_num_draft_tokens_total", "Number of draft tokens.",
+            C).increment(0)
+        add(self.spec_accepted, "vllm:spec_decode_num_accepted_tokens_total", "Number of accepted tokens.",
+            C).increment(0)
+        made.append("vllm:spec_decode_num_accepted_tokens_per_pos_total")
+        self._spec_pos_family(self._family("vllm:spec_decode_num_accepted_tokens_per_pos_total",
+                                           "Accepted tokens per draft position.", C), lb)
 
     def _create_vllm(self, cfg: dict) -> None:
         """The vllm: families (VLLM_NAMES), appended to the fans the llm_ set already writes."""
@@ -343,14 +358,7 @@ class LLMMetrics:
             "Prefix cache queries, in terms of number of queried tokens.", C).increment(0)
         add(self.prefix_hits, "vllm:prefix_cache_hits_total",
             "Prefix cache hits, in terms of number of cached tokens.", C).increment(0)
-        add(self.spec_drafts, "vllm:spec_decode_num_drafts_total", "Number of spec decoding drafts.", C).increment(0)
-        add(self.spec_draft_tokens, "vllm:spec_decode_num_draft_tokens_total", "Number of draft tokens.",
-            C).increment(0)
-        add(self.spec_accepted, "vllm:spec_decode_num_accepted_tokens_total", "Number of accepted tokens.",
-            C).increment(0)
-        made.append("vllm:spec_decode_num_accepted_tokens_per_pos_total")
-        self._spec_pos_family(self._family("vllm:spec_decode_num_accepted_tokens_per_pos_total",
-                                           "Accepted tokens per draft position.", C), lb)
+        self._create_vllm_spec(add, C, lb, made)
         add(self.ttft, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", H,
             buckets=VLLM_TTFT_BUCKETS)
         add(self.itl, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", H,

@@ -79,7 +79,9 @@ class TPExecutor:
         self._procs: list = []  # subprocess.Popen of a local rank, remote.RemoteRank of a remote one
         self._conns: list[Connection] = []
         self.error: str | None = None
-        self._logits_path, self._logits = create_logits_file(engine_config.max_num_seqs, model_config.vocab_size)
+        # rows: one per sequence, 1 + num_speculative_tokens with speculative decoding (step.py)
+        rows = engine_config.max_num_seqs * (1 + engine_config.num_speculative_tokens if engine_config.speculative else 1)
+        self._logits_path, self._logits = create_logits_file(rows, model_config.vocab_size)
         self._finalizer = weakref.finalize(self, processes.stop_workers, self._procs, self._conns, self._logits_path)
         t0 = time.monotonic()
         try:

@@ -24,7 +24,8 @@ from paddle_llm_engine.step import Step
 @dataclass
 class ModelInputs:
     """input_ids / positions: [T] int64 on the device; meta: the step's AttentionMetadata;
-    last_rows: [num_sampled] int64 host array, the packed row of each sampled entry's last token."""
+    last_rows: [num_sampled] int64 host array, the packed rows whose logits the step returns: each
+        sampled entry's last token, or for an entry with draft tokens its last 1 + drafts tokens."""
 
     input_ids: paddle.Tensor
     positions: paddle.Tensor
@@ -53,7 +54,7 @@ def pack_step(step: Step, block_size: int, form: str) -> ModelInputs:
         if n > 1:
             chunks.append(PrefillChunk(row, n, start, from_numpy(slots(s.block_table, 0, start + n, block_size))))
         if s.samples:
-            last_rows.append(row + n - 1)
+            last_rows.extend(range(row + n - s.num_rows, row + n))
         row += n
     decodes = [s for s in step.seqs if s.num_tokens == 1]
     meta = AttentionMetadata(slot_mapping=from_numpy(np.concatenate(slot_parts)), num_decodes=len(decodes),
@@ -107,5 +108,6 @@ def _pack_flash(step: Step, block_size: int) -> ModelInputs:
                              num_decodes=int((n_new == 1).sum()), cu_seqlens_q=from_numpy(cu),
                              seqused_k=from_numpy(used.astype(np.int32)), block_table=from_numpy(table),
                              max_seqlen_q=int(n_new.max()), max_seqlen_k=int(used.max()))
-    last = np.asarray([cu[i + 1] - 1 for i, s in enumerate(seqs) if s.samples], dtype=np.int64)
+    last = np.asarray([r for i, s in enumerate(seqs) if s.samples for r in range(cu[i + 1] - s.num_rows, cu[i + 1])],
+                      dtype=np.int64)
     return ModelInputs(from_numpy(ids), from_numpy(pos), meta, last)
