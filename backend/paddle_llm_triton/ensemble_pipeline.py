@@ -90,10 +90,11 @@ def _pb():
 class EnsemblePipeline:
     def __init__(self, name: str = "ensemble", preprocessing: str = "preprocessing", llm: str = "llm",
                  postprocessing: str = "postprocessing", poll_s: float = 0.1, give_up_s: float = 30.0,
-                 channel: ChannelClient | None = None):
+                 channel: ChannelClient | None = None, coalesce: bool = True):
         self.name = name
         self.pre_model, self.llm_model, self.post_model = preprocessing, llm, postprocessing
         self.poll_s, self.give_up_s = poll_s, give_up_s
+        self.coalesce = coalesce  # a row that fell behind: its arrived frames in one response
         self.channel = channel or ChannelClient(llm)
         self.drain = None  # a drain.Drain set by the model: refuses new requests while draining
         self.senders = SenderLedger()  # every client's response sender until its FINAL
@@ -223,9 +224,12 @@ class EnsemblePipeline:
             f.stream = self.channel.open(self._engine_request(f, r))
             if client.cancelled:  # the watcher saw the cancellation before the stream existed
                 self._stop_flight(f)
+            ahead = None  # a frame read while coalescing that did not merge: the next to handle
             while True:
                 try:
-                    frame = f.stream.next(timeout=self.poll_s * 10)
+                    frame, ahead = (ahead, None) if ahead is not None else (f.stream.next(timeout=self.poll_s * 10), None)
+                    if self.coalesce:
+                        frame, ahead = self._coalesce(f.stream, frame)
                 except TimeoutError:
                     if f.first_stop_at is not None and time.monotonic() - f.first_stop_at > self.give_up_s:
                         log.error("%s: engine request %s on %s still running %.0f s after its client cancelled; "
@@ -260,6 +264,21 @@ class EnsemblePipeline:
                 pass
         finally:
             self._end_flight(f)
+
+    @staticmethod
+    def _coalesce(stream, frame: dict) -> tuple[dict, dict | None]:
+        """`frame` merged with the frames of its sequence that have already arrived (a stream the
+        client side fell behind on: one postprocessing call and one response for all of them, as
+        `llm`'s responder does); returns (frame, the first arrived frame that did not merge or None)."""
+        while not (frame.get("finished") or frame.get("seq_finished") or frame.get("type") != "output"):
+            nxt = stream.take_ready()
+            if nxt is None:
+                return frame, None
+            merged = protocol.merge_output_frames(frame, nxt)
+            if merged is None:
+                return frame, nxt
+            frame = merged
+        return frame, None
 
     def _end_flight(self, f: Flight) -> None:
         """A row's engine request is over: close its stream, forget it, and send the client's final

@@ -76,6 +76,21 @@ def output_frame(out, flush, logprobs: bool, perf: bool) -> dict:
     return frame
 
 
+def merge_output_frames(a: dict, b: dict) -> dict | None:
+    """One frame carrying both `a` and the frame `b` that followed it, or None when they cannot be
+    one response: b is not an output frame, belongs to another sequence (n > 1), or a already ended
+    its sequence. Text, ids and logprobs are concatenated; everything else (cumulative logprob,
+    finish fields, token counts, perf) is b's, the later state."""
+    if a.get("type") != "output" or b.get("type") != "output" or a.get("seq") != b.get("seq") \
+            or a.get("seq_finished") or a.get("finished"):
+        return None
+    merged = dict(b)
+    merged["text"] = str(a.get("text", "")) + str(b.get("text", ""))
+    merged["ids"] = list(a.get("ids") or []) + list(b.get("ids") or [])
+    merged["logprobs"] = list(a.get("logprobs") or []) + list(b.get("logprobs") or [])
+    return merged
+
+
 def error_frame(code: str | None, message: str | None) -> dict:
     """A request's failure; `code` is the engine's error_code ("invalid_arg", "unavailable", ...)."""
     return {"type": "error", "code": code or "internal", "message": message or "error"}

@@ -125,6 +125,32 @@ def test_one_request_per_connection_frames_in_order(pid):
         srv.close()
 
 
+def test_take_ready_returns_arrived_frames_without_waiting(pid):
+    gate = threading.Event()
+    eng = FakeEngine(parts=5, gate=gate)  # 4 frames at once, the final one after the gate
+    srv = ChannelServer("llm", "llm_0_0", eng, pid=pid)
+    try:
+        s = ChannelClient("llm", pid=pid).open({"type": "generate", "prompt_ids": [1]})
+        got = [s.next(5)]
+        deadline = time.monotonic() + 5
+        while len(got) < 4:  # the other three arrive without the gate
+            assert time.monotonic() < deadline, got
+            f = s.take_ready()
+            if f is not None:
+                got.append(f)
+            else:
+                time.sleep(0.005)
+        t0 = time.monotonic()
+        assert s.take_ready() is None  # nothing more has arrived: no wait
+        assert time.monotonic() - t0 < 0.5
+        gate.set()
+        last = s.next(5)
+        assert [f["text"] for f in got + [last]] == [f"req0:{i}" for i in range(5)] and last["finished"]
+        assert s.take_ready() is None  # after the final frame: nothing, no error
+    finally:
+        srv.close()
+
+
 def test_abort_frame_and_closed_connection_both_abort(pid):
     gate = threading.Event()
     eng = FakeEngine(parts=2, gate=gate)

@@ -79,7 +79,7 @@ class FakeEngine:
             emit(self._frame(msg, i, f"#{i}", "length", last), last)
 
 
-def install(monkeypatch, newer: bool, gate: threading.Event | None = None):
+def install(monkeypatch, newer: bool, gate: threading.Event | None = None, coalesce: bool = True):
     """The stand-in module with the step models (preprocessing: one id per character; postprocessing
     copies) and a fake llm instance on the engine channel. Returns (pb, pipeline, engine)."""
     pb = pb_standin.make(newer)
@@ -109,7 +109,7 @@ def install(monkeypatch, newer: bool, gate: threading.Event | None = None):
     pid = next(_pids)
     engine = FakeEngine(gate)
     server = ChannelServer("llm", "llm_0_0", engine, pid=pid)
-    pipe = ep.EnsemblePipeline(poll_s=0.02, give_up_s=5, channel=ChannelClient("llm", pid=pid))
+    pipe = ep.EnsemblePipeline(poll_s=0.02, give_up_s=5, channel=ChannelClient("llm", pid=pid), coalesce=coalesce)
     pipe._test_server = server
     return pb, pipe, engine
 
@@ -169,7 +169,7 @@ def test_batched_rows_carry_batch_index_and_end_with_one_final(monkeypatch, clea
 
 @pytest.mark.parametrize("newer", [False, True])
 def test_one_row_is_as_before_and_response_parameters_only_where_supported(monkeypatch, cleanup, newer):
-    _, pipe, _ = install(monkeypatch, newer)
+    _, pipe, _ = install(monkeypatch, newer, coalesce=False)  # the fake's two frames as two responses
     cleanup(pipe)
     sent = run(pipe, client_request(["hello"]))
     data = [r for r, _ in sent if r is not None]

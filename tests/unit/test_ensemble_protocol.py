@@ -56,3 +56,50 @@ def test_error_frame_keeps_code_and_message():
     assert _round_trip(protocol.error_frame("invalid_arg", "max_tokens: must be >= 1, got 0")) == {
         "type": "error", "code": "invalid_arg", "message": "max_tokens: must be >= 1, got 0"}
     assert protocol.error_frame(None, None) == {"type": "error", "code": "internal", "message": "error"}
+
+
+def test_merged_output_frames_carry_both_deltas_and_the_later_state():
+    from paddle_llm_triton.ensemble_protocol import merge_output_frames
+
+    a = {"type": "output", "seq": 0, "text": "Hel", "ids": [1, 2], "logprobs": [-0.1, -0.2], "cum": -0.3,
+         "finish_reason": "", "seq_finished": False, "finished": False, "num_prompt_tokens": 4,
+         "num_output_tokens": 2, "perf": {"arrival_time_ns": 1}}
+    b = {"type": "output", "seq": 0, "text": "lo", "ids": [3], "logprobs": [-0.5], "cum": -0.8,
+         "finish_reason": "length", "seq_finished": True, "finished": True, "num_prompt_tokens": 4,
+         "num_output_tokens": 3, "perf": {"arrival_time_ns": 2}}
+    m = merge_output_frames(a, b)
+    assert m["text"] == "Hello" and m["ids"] == [1, 2, 3] and m["logprobs"] == [-0.1, -0.2, -0.5]
+    assert (m["cum"], m["finish_reason"], m["seq_finished"], m["finished"], m["num_output_tokens"]) == \
+        (-0.8, "length", True, True, 3)
+    assert m["perf"] == {"arrival_time_ns": 2}
+    assert a["text"] == "Hel" and a["ids"] == [1, 2]  # inputs untouched
+    assert merge_output_frames(a, {**b, "seq": 1}) is None             # another sequence (n > 1)
+    assert merge_output_frames(a, {"type": "error", "code": "internal", "message": "x"}) is None
+    assert merge_output_frames({**a, "seq_finished": True}, b) is None  # a ended its sequence
+
+
+def test_a_row_that_fell_behind_is_relayed_as_one_frame_per_sequence_run():
+    from paddle_llm_triton.ensemble_pipeline import EnsemblePipeline
+
+    def out(seq, text, fin=False):
+        return {"type": "output", "seq": seq, "text": text, "ids": [len(text)], "logprobs": [0.0], "cum": 0.0,
+                "finish_reason": "stop" if fin else "", "seq_finished": fin, "finished": False}
+
+    class Arrived:
+        def __init__(self, frames):
+            self.frames = list(frames)
+
+        def take_ready(self):
+            return self.frames.pop(0) if self.frames else None
+
+    stream = Arrived([out(0, "b"), out(0, "c"), out(1, "x"), out(0, "d")])
+    frame, ahead = EnsemblePipeline._coalesce(stream, out(0, "a"))
+    assert frame["text"] == "abc" and frame["ids"] == [1, 1, 1] and ahead["seq"] == 1
+    assert [f["text"] for f in stream.frames] == ["d"]  # not read ahead past the first that did not merge
+    # an ending frame is never merged into: it goes out as it is
+    stream = Arrived([out(0, "z")])
+    frame, ahead = EnsemblePipeline._coalesce(stream, out(0, "y", fin=True))
+    assert frame["text"] == "y" and ahead is None and len(stream.frames) == 1
+    # nothing arrived: the frame as it is
+    frame, ahead = EnsemblePipeline._coalesce(Arrived([]), out(0, "q"))
+    assert frame["text"] == "q" and ahead is None

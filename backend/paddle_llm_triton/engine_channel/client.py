@@ -62,6 +62,22 @@ class ChannelStream:
                 raise ChannelClosed(f"llm instance {self.instance} closed its engine channel before the request "
                                     f"finished{why}: its stub process died or the model was unloaded")
             self._frames.extend(self._reader.feed(data))
+        return self._pop()
+
+    def take_ready(self) -> dict | None:
+        """The next frame if it has already arrived (what the socket holds now is read without
+        waiting), else None. A closed connection is left for next() to report."""
+        if not self._frames and not self.done and not self._closed:
+            try:
+                self.sock.settimeout(0.0)
+                data = self.sock.recv(1 << 16)
+            except OSError:  # nothing there (BlockingIOError), or gone: next() says which
+                data = b""
+            if data:
+                self._frames.extend(self._reader.feed(data))
+        return self._pop() if self._frames else None
+
+    def _pop(self) -> dict:
         frame = self._frames.pop(0)
         if frame.get("type") == "error" or frame.get("finished"):
             self.done = True

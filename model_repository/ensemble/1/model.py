@@ -20,10 +20,15 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException("model `ensemble` must use the decoupled transaction policy")
         params = {k: v.get("string_value", "") for k, v in (cfg.get("parameters") or {}).items()}
         steps = {k: params[k] for k in ("preprocessing", "llm", "postprocessing") if params.get(k)}
-        unknown = set(params) - {"preprocessing", "llm", "postprocessing"}
+        unknown = set(params) - {"preprocessing", "llm", "postprocessing", "coalesce_stream_responses"}
         if unknown:
             raise pb_utils.TritonModelException(f"unknown parameters in config.pbtxt: {sorted(unknown)}")
-        self.pipeline = EnsemblePipeline(name=args["model_name"], **steps)
+        coalesce = params.get("coalesce_stream_responses", "").strip().lower() or "true"
+        if coalesce not in ("true", "false"):
+            raise pb_utils.TritonModelException(
+                f"config.pbtxt parameter coalesce_stream_responses must be true or false, got {coalesce!r}")
+        # a stream that fell behind: the frames that arrived meanwhile in one response
+        self.pipeline = EnsemblePipeline(name=args["model_name"], coalesce=coalesce == "true", **steps)
         # the launcher's drain: refuse new requests, let those in flight finish (their engine
         # requests are ended by the llm instances' own drain at the deadline)
         drain = Drain(args["model_name"], args["model_instance_name"],
