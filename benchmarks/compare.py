@@ -3,7 +3,7 @@ the OpenAI frontend) and its peers (HF transformers, llama.cpp's server on F32 a
 same weights), one command:
 
     .venv/bin/python benchmarks/compare.py [--quick] [--concurrency 1,8,32] [--max-tokens 128]
-        [--requests-per-stream 1] [--threads 2]
+        [--requests-per-stream 1] [--threads 2] [--context-tokens 0]
         [--systems offline,llm,ensemble,openai,hf,llamacpp-f32,llamacpp-q8_0]
         [--quantization wint8] [--engine-kwargs '{"kernels": "composed"}'] [--duration 900] [--out-dir build/bench]
 
@@ -50,6 +50,12 @@ completion_tokens):
 - ratios: each of ours (offline, llm, ensemble) to each peer, and llm / ensemble to offline.
 Output: tables on stdout, <out-dir>/compare.md (Markdown for the README), compare.png (decode tok/s
 against concurrency), compare.json (everything).
+
+Long contexts (--context-tokens N, issue 17): every prompt is a passage of about N tokens of log
+records followed by its question, different per question from the first record on (no shared
+prefix block); TTFT is then the prefill of N tokens and decode runs over N tokens of KV. E.g.
+`--context-tokens 2000 --concurrency 1 --max-tokens 16 --requests-per-stream 3` (TTFT) and
+`--context-tokens 4000 --concurrency 1 --max-tokens 128` (decode at 4,000 tokens of context).
 
 Set-up on first use (idempotent, cached): build/peer-venv with the pinned xllamacpp wheel (and
 matplotlib if .venv has none), the F32 / Q8_0 GGUFs by benchmarks/gguf_export.py under
@@ -243,12 +249,41 @@ def worker_prepare(spec: dict) -> dict:
 
     tok = load_tokenizer(spec["model_dir"])
     chatml = load_generator().chatml
+    if spec.get("context_tokens"):
+        spec["questions"] = [with_context(tok, q, i, spec["context_tokens"]) for i, q in enumerate(spec["questions"])]
     ids = [encode_prompt(tok, q, chat=True) for q in spec["questions"]]
     mismatch = [i for i, q in enumerate(spec["questions"]) if encode_prompt(tok, chatml(q)) != ids[i]]
-    return {"prompt_ids": ids, "warmup_ids": encode_prompt(tok, WARMUP_QUESTION, chat=True),
+    return {"prompt_ids": ids, "questions": spec["questions"], "warmup_ids": encode_prompt(tok, WARMUP_QUESTION, chat=True),
             "chatml_mismatch": mismatch, "engine_fields": [f.name for f in dataclasses.fields(EngineConfig)],
             "eos_token_ids": ModelConfig.from_dir(spec["model_dir"]).eos_token_ids,
             "pad_token_id": tok.pad_token_id if tok.pad_token_id is not None else 0}
+
+
+def _record_line(i: int, k: int) -> str:
+    return (f"Record {i}-{k}: station {chr(65 + (k * 7 + i) % 26)}{(k * 37 + i * 11) % 1000} reported "
+            f"{(k * 13 + i * 29) % 97} units at {(k * 5 + i) % 24:02d}:00. ")
+
+
+def with_context(tok, question: str, i: int, tokens: int) -> str:
+    """`question` after a passage of about `tokens` tokens (the whole chat-formatted prompt within a
+    few tokens of it): log records whose numbers depend on the question's index i from the first
+    one on, so that no two prompts share a prefix block (ours caches whole 64-token blocks; llama.cpp
+    runs with cache_prompt off) and a long prompt costs its full prefill on every system."""
+    from paddle_llm_engine.tokenizer import encode_prompt
+
+    def build(n):
+        return "".join(_record_line(i, k) for k in range(n)) + "\n\nQuestion about the records above: " + question
+
+    lo, hi = 0, 1
+    while len(encode_prompt(tok, build(hi), chat=True)) < tokens:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:  # the most records that stay within `tokens`
+        mid = (lo + hi) // 2
+        if len(encode_prompt(tok, build(mid), chat=True)) <= tokens:
+            lo = mid
+        else:
+            hi = mid
+    return build(lo)
 
 
 def worker_offline(spec: dict) -> dict:
@@ -855,6 +890,9 @@ def main(argv=None) -> int:
     ap.add_argument("--concurrency", type=parse_list, default=None, help="stream counts (default 1,8,32)")
     ap.add_argument("--max-tokens", type=int, default=None, help="tokens per request (default 128)")
     ap.add_argument("--requests-per-stream", type=int, default=1)
+    ap.add_argument("--context-tokens", type=int, default=0,
+                    help="long-context workload: every prompt a passage of about this many tokens, then the "
+                         "question (TTFT = its prefill; decode runs at that context); 0: the plain questions")
     ap.add_argument("--threads", type=int, default=2, help="CPU threads of every system")
     ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated subset of {','.join(SYSTEMS)}")
     ap.add_argument("--quantization", default=None, help="EngineConfig.quantization for ours (e.g. wint8)")
@@ -901,8 +939,9 @@ def main(argv=None) -> int:
     ctx.child_timeout = 600 + len(args.concurrency) * (args.duration + 120) * args.requests_per_stream
 
     log("tokenizing the prompts (and reading EngineConfig's fields)")
-    prep = run_worker(sys.executable, "prepare", {"model_dir": str(args.model_dir), "questions": ctx.questions},
-                      args.threads, 600, out_dir)
+    prep = run_worker(sys.executable, "prepare", {"model_dir": str(args.model_dir), "questions": ctx.questions,
+                                                  "context_tokens": args.context_tokens}, args.threads, 600, out_dir)
+    ctx.questions = prep["questions"]
     unknown = sorted(set(extra) - set(prep["engine_fields"]))
     if unknown:
         hint = (": weight-only int8 is not built in this tree yet, so --quantization cannot be measured"
