@@ -150,10 +150,9 @@ class LLMEngine:
             raise EngineBusyError(self.num_waiting, self.config.max_num_waiting)
         req = RequestState(request_id, prepared, self.tokenizer, arrival_time)
         req.deadline = Deadline.earliest(req.seq.arrival_time, timeout_s, self.config.max_request_seconds)
-        if self.proposer is not None:  # guided sequences never speculate (see spec_decode/ngram.py)
+        if self.proposer is not None:  # guided ones too: the guide sees accepted tokens only (_verify)
             for st in req.states:
-                if st.sampling.guide is None:
-                    st.seq.spec = SpecState()
+                st.seq.spec = SpecState()
         self.requests[request_id] = req
         if req.deadline is not None:
             heapq.heappush(self._deadlines, (req.deadline.at, next(self._deadline_seq), request_id, req))
@@ -263,7 +262,11 @@ class LLMEngine:
         state and output processing; the first non-accepted token (correction), or the bonus token
         after every draft was accepted, is appended last; the first token that finishes the
         sequence ends it. Then the rollback (Scheduler.rollback) and the counters. Returns the
-        sequence's output, or None when its request ended meanwhile."""
+        sequence's output, or None when its request ended meanwhile.
+        Guided decoding: each position's mask is the guide's after the tokens accepted before it
+        (the guide consumes every appended token, guide_finished, before the next position is
+        drawn); rejected drafts are never fed to it, so it needs no rollback. A draft the guide
+        does not allow has probability 0 (is never the argmax) and is rejected."""
         req = self.requests.get(s.request_id)
         if req is None:
             return None

@@ -78,11 +78,11 @@ def _seq(tokens, max_tokens=100, n_prompt=None):
     return s
 
 
-def test_proposer_bounds_and_guided_off():
+def test_proposer_bounds():
     toks = [5, 6, 7, 8, 9, 10, 11, 5, 6]
     prop = NgramProposer(4, 1, 3, max_model_len=100)
     s = _seq(toks)
-    assert prop(s, 10) == ()  # no SpecState: the sequence does not speculate (guided)
+    assert prop(s, 10) == ()  # no SpecState: the sequence does not speculate
     s.spec = SpecState()
     assert prop(s, 10) == (7, 8, 9, 10)
     assert prop(s, 2) == (7, 8)                      # step budget
@@ -475,3 +475,40 @@ def test_config_pbtxt_parameters():
         "none", 4, 2, 4)
     with pytest.raises(ValueError, match="num_speculative_tokens must be an integer"):
         engine_config_from_triton(triton({"model_dir": "/m", "num_speculative_tokens": "four"}), args)
+
+
+def test_guided_requests_speculate_with_the_guides_masks(tiny_model_dir, plain_engine):
+    """Regex and JSON-schema guided requests (greedy and seeded sampling): with oracle drafts (the
+    plain run's tokens, one corrupted per proposal) the greedy tokens are the plain run's and obey
+    the guide; drafts were accepted and rejected; the real n-gram proposer on a repetitive regex
+    gives the same tokens too; sampled guided outputs still match their guide."""
+    import json
+    import re
+
+    from paddle_llm_engine.guided import GuideSpec
+
+    regex = r"(ab-[0-9]{2} ){6}"
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                               "tags": {"type": "array", "items": {"enum": ["x", "y"]},
+                                                        "maxItems": 6}},
+              "required": ["name", "tags"]}
+    reqs = {"re": (prompt(10, 61), SamplingParams(temperature=0.0, max_tokens=60, guide=GuideSpec("regex", regex))),
+            "js": (prompt(12, 62), SamplingParams(temperature=0.0, max_tokens=80, guide=GuideSpec(
+                "json_schema", json.dumps(schema), whitespace_flexible=False)))}
+    want = run(plain_engine, reqs)
+    assert re.fullmatch(regex, want[("re", 0)]["text"]) and want[("re", 0)]["reason"] == "stop"
+    refs = {k: v["tokens"] for k, v in want.items()}
+    e = spec_engine(tiny_model_dir, refs)
+    got = run(e, reqs)
+    assert {k: v["tokens"] for k, v in got.items()} == refs
+    assert {k: v["text"] for k, v in got.items()} == {k: v["text"] for k, v in want.items()}
+    st = e.stats()
+    assert 0 < st.spec_num_accepted_tokens < st.spec_num_draft_tokens
+    ng = make_engine(tiny_model_dir, speculative_method="ngram", prompt_lookup_min=1)
+    got2 = run(ng, {"re": reqs["re"]})
+    assert got2[("re", 0)]["tokens"] == refs[("re", 0)]
+    assert ng.stats().spec_num_accepted_tokens > 0  # the repeated pattern's tokens were drafted
+    sampled = {f"s{i}": (prompt(10, 70 + i), SamplingParams(temperature=1.0, seed=i, max_tokens=60,
+                                                            guide=GuideSpec("regex", regex))) for i in range(4)}
+    for k, v in run(ng, sampled).items():
+        assert v["reason"] == "stop" and re.fullmatch(regex, v["text"]), (k, v["text"])

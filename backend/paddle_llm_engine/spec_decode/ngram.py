@@ -23,10 +23,12 @@ does not propose for `backoff` decode steps (8 at first, doubling up to 64 while
 failing), then proposes once more (a probe) whose result updates the average; above the threshold
 again the backoff returns to 8. Steps where no n-gram matches cost only the match and do not count.
 
-Guided decoding: guided sequences do not speculate (Sequence.spec is None for them; the engine
-sets it only for unguided sequences). llguidance's LLMatcher (1.9) has rollback(n),
-try_consume_tokens and compute_mask_ptr_with_draft_token, so masks per proposed position (advance
-over the drafts, mask each, roll back the rejected) are possible; they are not implemented yet.
+Guided decoding: guided sequences speculate like the others. The verify consumes into the guide's
+matcher only the tokens it appends (accepted drafts, then the correction or bonus token), one at a
+time, and the next position's mask is the one computed after them; rejected drafts never reach the
+matcher, so no rollback is needed (llguidance's LLMatcher.rollback is not used). The cost: the masks
+of the accepted positions are computed one after another inside the verify instead of overlapping
+the next model step.
 
 Complexity: propose_ngram is O((max_n - min_n + 1) * max_n * L) numpy element operations for a
 sequence of L tokens (one vectorized comparison per n-gram element over all positions), i.e.
@@ -106,8 +108,8 @@ class NgramProposer:
     def __call__(self, seq, budget: int) -> tuple[int, ...]:
         """Draft tokens for decoding sequence `seq` (at most `budget`), bounded so that even with
         every draft accepted plus the bonus token the sequence stays within its max_tokens and
-        max_model_len. () when the sequence does not speculate (guided, switched off) or nothing
-        matches."""
+        max_model_len. () when the sequence does not speculate (no SpecState, switched off) or
+        nothing matches."""
         st = getattr(seq, "spec", None)
         if st is None or not st.should_propose():
             return ()
