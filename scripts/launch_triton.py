@@ -16,6 +16,7 @@ drains first (ready false, new requests 503, its requests in flight finish) whil
 from __future__ import annotations
 
 import argparse
+import datetime
 import importlib.util
 import os
 import signal
@@ -27,6 +28,14 @@ from paddle_llm_triton.launcher import DEFAULT_BACKEND_DIR, MODEL_DIR_ENV, REPO_
 from paddle_llm_triton.launcher import free_port, server_env  # noqa: F401  (callers that load this file)
 from paddle_llm_triton.launcher.frontend import start_frontend
 from paddle_llm_triton.launcher.shutdown import clean_despite_exit_code
+
+
+
+def say(line: str) -> None:
+    """One launcher / supervisor line on stdout, prefixed with the UTC time to the millisecond (a
+    recovery's steps are seconds apart: the operator reads them off these)."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    print(f"{now:%Y-%m-%d %H:%M:%S}.{now.microsecond // 1000:03d} {line}", flush=True)
 
 
 def main(argv=None) -> int:
@@ -70,18 +79,18 @@ def main(argv=None) -> int:
                           model_dir=args.model_dir, log_path=args.log_file, backend_dir=args.backend_dir,
                           extra_args=args.extra, exit_timeout=args.exit_timeout_secs,
                           kill_after=args.kill_after, supervise=not args.no_supervise,
-                          log=lambda line: print(line, flush=True))
-    print(f"launch_triton: tritonserver pid {server.pid}, model repository {Path(args.model_repo).resolve()}, "
-          f"{MODEL_DIR_ENV}={Path(args.model_dir).resolve()}", flush=True)
+                          log=say)
+    say(f"launch_triton: tritonserver pid {server.pid}, model repository {Path(args.model_repo).resolve()}, "
+            f"{MODEL_DIR_ENV}={Path(args.model_dir).resolve()}")
     frontend = None
     if args.openai_port and importlib.util.find_spec("fastapi") is None:
-        print("launch_triton: OpenAI frontend not started: it needs Python >= 3.11 (fastapi, uvicorn; "
-              "scripts/setup.sh installs them there)", flush=True)
+        say("launch_triton: OpenAI frontend not started: it needs Python >= 3.11 (fastapi, uvicorn; "
+            "scripts/setup.sh installs them there)")
     elif args.openai_port:
         frontend = start_frontend(args.grpc_port, args.metrics_port, args.openai_port, args.model_dir,
                                   served_model_names=args.served_model_name, drain_grace=args.drain_grace,
-                                  log=lambda line: print(line, flush=True))
-        print(f"launch_triton: OpenAI frontend pid {frontend.pid} on {frontend.url}", flush=True)
+                                  log=say)
+        say(f"launch_triton: OpenAI frontend pid {frontend.pid} on {frontend.url}")
     openai_note = f", openai {frontend.url}" if frontend is not None else ""
 
     ready_reported = False
@@ -90,15 +99,15 @@ def main(argv=None) -> int:
     while not stop_signal and (server.running() or (server.supervisor is not None and ready_reported)):
         if not ready_reported and server.is_ready():
             server.ready_after = time.monotonic() - server.started_at
-            print(f"launch_triton: ready in {server.ready_after:.2f} s: http 127.0.0.1:{args.http_port}, "
-                  f"grpc 127.0.0.1:{args.grpc_port}, metrics 127.0.0.1:{args.metrics_port}{openai_note}", flush=True)
+            say(f"launch_triton: ready in {server.ready_after:.2f} s: http 127.0.0.1:{args.http_port}, "
+                  f"grpc 127.0.0.1:{args.grpc_port}, metrics 127.0.0.1:{args.metrics_port}{openai_note}")
             ready_reported = True
             server.remember_stubs()
             if server.supervisor is not None:
                 server.supervisor.start()
         elif (not ready_reported and args.ready_timeout
               and time.monotonic() - server.started_at > args.ready_timeout):
-            print(f"launch_triton: not ready after {args.ready_timeout:.0f} s, stopping", flush=True)
+            say(f"launch_triton: not ready after {args.ready_timeout:.0f} s, stopping")
             server.stop()
             if frontend is not None:
                 frontend.stop(10)
@@ -108,24 +117,23 @@ def main(argv=None) -> int:
         time.sleep(0.1 if not ready_reported else 0.5)
 
     if stop_signal:
-        print(f"launch_triton: signal {signal.Signals(stop_signal[0]).name}, stopping tritonserver "
-              f"(watchdog {args.kill_after:.0f} s)", flush=True)
+        say(f"launch_triton: signal {signal.Signals(stop_signal[0]).name}, stopping tritonserver "
+                f"(watchdog {args.kill_after:.0f} s)")
         if frontend is not None:
             frontend.terminate()  # drains beside Triton: its streams finish, new requests 503
         if server.supervisor is not None and ready_reported and server.running():
-            drained = server.drain(args.drain_grace, log=lambda line: print(line, flush=True))
+            drained = server.drain(args.drain_grace, log=say)
     if frontend is not None:
         fcode = frontend.stop(args.drain_grace + 5)
-        print(f"launch_triton: OpenAI frontend exited with code {fcode}", flush=True)
+        say(f"launch_triton: OpenAI frontend exited with code {fcode}")
     code = server.stop()
     if server.killed:
-        print("launch_triton: tritonserver did not exit in time: killed it and its stubs", flush=True)
-    print(f"launch_triton: tritonserver exited with code {code}", flush=True)
+        say("launch_triton: tritonserver did not exit in time: killed it and its stubs")
+    say(f"launch_triton: tritonserver exited with code {code}")
     if stop_signal:  # asked to stop: success only if the server shut down by itself and lost nothing
         if clean_despite_exit_code(drained, code, server.killed):
-            print(f"launch_triton: every request finished; tritonserver's exit code {code} only says it did not "
-                  f"unload {', '.join(drained['stuck'])} before its exit timeout (held inside Triton): exit 0",
-                  flush=True)
+            say(f"launch_triton: every request finished; tritonserver's exit code {code} only says it did not "
+                  f"unload {', '.join(drained['stuck'])} before its exit timeout (held inside Triton): exit 0")
             return 0
         return 0 if code == 0 and not server.killed else 1
     return code if code >= 0 else 128 - code
