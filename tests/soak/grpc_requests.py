@@ -20,14 +20,17 @@ def _read(ctx, s: Stream, out: Outcome, payload, resps: list, problems: list, st
     out.error set), a stall (False, out.status "stall") or `stop_after` data responses (False)."""
     deadline = out.t_send + ctx.timeout_s
     finals = 0
+    # A non-streamed request's responses come only when its sequences end: like HTTP `generate`, it
+    # is bounded by the time-out, not by the gap between responses.
+    gap = ctx.stall_s if payload.spec.stream else ctx.timeout_s
     while True:
-        left = min(ctx.stall_s, deadline - time.monotonic())
+        left = min(gap, deadline - time.monotonic())
         try:
             t, result, error = s.next(timeout=left)
         except StreamTimeout:
             out.status = "stall"
-            out.error = (f"no response for {ctx.stall_s:.0f} s after {len(resps)} responses"
-                         if left >= ctx.stall_s else f"not finished within the {ctx.timeout_s:.0f} s time-out")
+            out.error = (f"no response for {gap:.0f} s after {len(resps)} responses"
+                         if left >= gap else f"not finished within the {ctx.timeout_s:.0f} s time-out")
             return False
         if error is not None:
             out.status, out.error = "error", str(error)

@@ -256,3 +256,31 @@ def test_no_client_starts_a_request_after_pause_returned_with_none_in_flight():
         time.sleep(0.005)
     assert tr.stop(timeout=5.0)
     assert len(paused_at) > 50 and started_after_pause == []
+
+
+def test_a_non_streamed_grpc_request_is_bounded_by_its_time_out_not_the_stall_bound():
+    """Its one response comes when the generation ends (as HTTP `generate`'s): waiting longer than
+    the stall bound for it is not a stall; a stream's silence is."""
+    import types
+
+    import grpc_requests
+    from streams import StreamTimeout
+
+    class Silent:
+        def __init__(self):
+            self.waits = []
+
+        def next(self, timeout):
+            self.waits.append(timeout)
+            raise StreamTimeout()
+
+    ctx = types.SimpleNamespace(stall_s=30.0, timeout_s=120.0)
+    for stream, first_wait, message in ((True, 30.0, "no response for 30 s after 0 responses"),
+                                        (False, 120.0, "not finished within the 120 s time-out")):
+        payload = types.SimpleNamespace(spec=types.SimpleNamespace(stream=stream, model="ensemble"))
+        out = Outcome("grpc_x", "ensemble", "grpc", "c0", "id")
+        out.t_send = time.monotonic()
+        s = Silent()
+        assert grpc_requests._read(ctx, s, out, payload, [], []) is False
+        assert out.status == "stall" and out.error == message, (stream, out.error)
+        assert abs(s.waits[0] - first_wait) < 1.0, s.waits
