@@ -243,16 +243,7 @@ def _processed_row(raw: np.ndarray, seq: Sequence, st: SamplingState) -> np.ndar
 def _draw(raw: np.ndarray, seq: Sequence, st: SamplingState) -> int:
     """One row's token: the row processed in the module docstring's order, then argmax or a draw."""
     prm = st.params
-    row = raw
-    if st.custom or seq.num_output_tokens < prm.min_tokens or _needs_penalties(prm, st):
-        row = raw.copy()
-        if st.custom:
-            _allow_and_bias(row, st)
-        _suppress_stops(row, seq, st)
-        _apply_penalties(row, seq, prm)
-        _ban_bad_words(row, seq, st)
-    if st.guide is not None:  # guided decoding: only the tokens the guide allows (mask built ahead)
-        row = st.guide.apply(row, raw)
+    row = _processed_row(raw, seq, st)
     if prm.greedy:
         return int(np.argmax(row))
     p = _filtered_probs(row, prm.temperature, prm.top_k, prm.top_p, prm.min_p)
