@@ -5,10 +5,11 @@
 
 --clients threads send one request at a time each, KINDS in turn (offset per client): gRPC streams to
 `llm` and `ensemble` (tritonclient), HTTP generate and generate_stream to both (Triton's generate
-extension). SIGUSR1 sends --burst more requests at once (gRPC and HTTP alternating: BURST_KINDS).
+extension). SIGUSR1 sends --burst more requests at once (gRPC and HTTP alternating: BURST_KINDS), from
+threads started and waiting since the start, once.
 SIGTERM: no new request; the ones in flight finish, then exit 0 (1 if one has not finished within
---request-timeout + 10 s). Every request appends one JSON line to --out when it ends: kind, start
-(epoch s), seconds, failure (None when it ended normally with all --max-tokens tokens, else what the
+--request-timeout + 10 s). Every request appends one JSON line to --out when it ends: kind, burst
+(whether it was one of the burst), start (epoch s), seconds, failure (None when it ended normally with all --max-tokens tokens, else what the
 client saw). "started" on stdout once the clients run.
 
 Why a process: the test forks replica launchers while this load runs, and a process with gRPC calls
@@ -55,20 +56,33 @@ class Clients:
             self._one(KINDS[(c + i) % len(KINDS)], f"Client {c} request {i}: tell me about the sea.")
             i += 1
 
-    def burst(self) -> None:
+    def arm_burst(self) -> None:
+        """Start the --burst threads now, each waiting to send: burst() then only releases them, so
+        the requests go out within milliseconds even when this process is starved of CPU (thread start
+        and client set-up can take seconds on a loaded 2-core host, longer than HAProxy's checks)."""
+        self._go = threading.Event()
         for j in range(self.args.burst):
-            t = threading.Thread(target=self._one, args=(BURST_KINDS[j % len(BURST_KINDS)], f"Burst {j}: name a fish."),
+            t = threading.Thread(target=self._armed, args=(BURST_KINDS[j % len(BURST_KINDS)], f"Burst {j}: name a fish."),
                                  name=f"burst-{j}", daemon=True)
             self.threads.append(t)
             t.start()
 
-    def _one(self, kind: str, text: str) -> None:
+    def _armed(self, kind: str, text: str) -> None:
+        self._go.wait()
+        if not self.stop.is_set():
+            self._one(kind, text, burst=True)
+
+    def burst(self) -> None:
+        self._go.set()
+
+    def _one(self, kind: str, text: str, burst: bool = False) -> None:
         t0, m0 = time.time(), time.monotonic()
         try:
             failure = self.request(kind, text)
         except Exception as e:  # noqa: BLE001 - any exception is a client-visible failure
             failure = f"{type(e).__name__}: {e}"
-        line = json.dumps({"kind": kind, "start": t0, "seconds": time.monotonic() - m0, "failure": failure})
+        line = json.dumps({"kind": kind, "burst": burst, "start": t0, "seconds": time.monotonic() - m0,
+                           "failure": failure})
         with self._lock:
             self._out.write(line + "\n")
             self._out.flush()
@@ -135,12 +149,14 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGUSR1, lambda *_: bursts.append(1))
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     clients = Clients(args)
+    clients.arm_burst()
     print("started", flush=True)
     while not stopping.wait(0.02):  # signal handlers run on this thread between waits
         while bursts:
             bursts.pop()
             clients.burst()
     clients.stop.set()
+    clients.burst()  # an armed burst never released: its threads see stop and end
     return 0 if clients.finish() else 1
 
 

@@ -208,6 +208,9 @@ def wait_for(pred, timeout: float, what: str, poll: float = 0.05) -> float:
 
 # -- load ------------------------------------------------------------------------------------------
 
+# the launcher's line when the drain turns readiness false (launcher/shutdown.py), with its UTC time
+GATE_CLOSED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}) launch_triton: (?:readiness false|draining:)", re.M)
+
 # Right after the SIGTERM, once the replica's readiness is false but before HAProxy's checks saw it
 # (`fall` 2 x `inter` 1 s), this many requests arrive at once, half per backend (gRPC, HTTP): leastconn
 # then hands the draining replica at least one of each half, since neither backend holds more than
@@ -293,12 +296,19 @@ def _sigterm_and_watch(lb: HAProxy, victim: SupervisedServer, load: LoadProcess)
     """SIGTERM the victim's launcher with requests of its own running, then a BURST of requests;
     returns when HAProxy has marked it DOWN in both backends: t_term (epoch s), down_after_s per backend."""
     wait_for(lambda: running(victim) >= 1, 60, "replica 1 running a request before the SIGTERM")
+    log_from = len(victim.output())
     t_term = time.time()
     victim.signal(signal.SIGTERM)
-    # the burst goes out once the replica says it is not ready, the earliest a load balancer could know:
-    # a refuse-at-once drain refuses from that moment on, HAProxy needs `fall` failed checks more
-    not_ready = wait_for(lambda: not victim.ready(), 30, "replica 1 not ready after the SIGTERM", poll=0.02)
+    # the burst goes out once the replica's readiness is false, the earliest a load balancer could know:
+    # a refuse-at-once drain refuses from that moment on, HAProxy needs `fall` failed checks more. The
+    # moment is the launcher's own line (UTC ms), read from its log: a readiness poll over HTTP takes
+    # seconds to be answered on a loaded host, HAProxy's checks do not wait for it.
+    closed = wait_for(lambda: GATE_CLOSED.search(victim.output(), log_from), 30,
+                      "replica 1's launcher: readiness false after the SIGTERM", poll=0.02)
     load.burst()
+    stamp = GATE_CLOSED.search(victim.output(), log_from).group(1)
+    not_ready = datetime.strptime(stamp + "+0000", "%Y-%m-%d %H:%M:%S.%f%z").timestamp() - t_term
+    assert not_ready <= closed + 0.5, (stamp, t_term, closed)  # the launcher's clock is this host's
     down: dict[str, float] = {}
     deadline = time.monotonic() + 30
     while len(down) < 2 and time.monotonic() < deadline:
@@ -357,6 +367,7 @@ def _judge(lb, records, term, before, served_again, drained_after, up_after, bod
     late = {fe: max(q["accepted"] - t_term for q in after_term if q["frontend"] == fe)
             for fe in per_frontend if per_frontend[fe]}
     down, not_ready = term["down_after_s"], term["not_ready_after_s"]
+    burst_sent = sorted(r["start"] - t_term for r in records if r.get("burst"))
     summary = {
         "requests": len(records), "failures": len(failures),
         "by_kind": {k: sum(r["kind"] == k for r in records) for k in sorted({r["kind"] for r in records})},
@@ -366,6 +377,7 @@ def _judge(lb, records, term, before, served_again, drained_after, up_after, bod
         "in_flight_at_sigterm_via_haproxy": len(in_flight),
         "routed_to_draining_replica_after_sigterm": per_frontend,
         "not_ready_after_s": term["not_ready_after_s"], "last_routed_after_sigterm_s": last_after,
+        "burst_sent_after_s": [round(x, 3) for x in burst_sent[:1] + burst_sent[-1:]],
         "down_after_s": down, "check_bound_s": CHECK_BOUND_S,
         "launcher_exit_after_s": drained_after, "up_again_after_ready_s": up_after, "test_body_s": body_s,
     }
@@ -377,8 +389,13 @@ def _judge(lb, records, term, before, served_again, drained_after, up_after, bod
     assert len(logged) == len(records), (len(logged), len(records))
     assert all(q["status"] == 200 for q in logged), [q for q in logged if q["status"] != 200][:5]
     assert in_flight, "no request of replica 1 was in flight through HAProxy at the SIGTERM"
-    # the burst reached the draining replica on both protocols (and was served: no failures above)
-    assert all(per_frontend.values()), per_frontend
+    # the burst went out while HAProxy still routed to replica 1 (armed threads, released at once) ...
+    assert len(burst_sent) == BURST, (len(burst_sent), BURST)
+    assert burst_sent[-1] < min(down.values()), (
+        f"the burst went out {burst_sent[0]:.3f}-{burst_sent[-1]:.3f} s after the SIGTERM, not before HAProxy "
+        f"marked replica1 DOWN ({down}): the load process was too slow to send it")
+    # ... and reached the draining replica on both protocols (and was served: no failures above)
+    assert all(per_frontend.values()), (per_frontend, burst_sent)
     # HAProxy stopped routing to it within its checks: `fall` failed checks `inter` apart, each bounded
     # by `timeout check`, after readiness turned false (0.5 s: the stats and readiness polls, and the
     # check a few ms behind a busy host), and sent it nothing after marking it DOWN
