@@ -201,18 +201,25 @@ def evaluate(run: dict) -> list[Check]:
     elif "drain" in run["enabled_faults"]:
         checks.append(Check("drain", False, "not run", ["the drain did not run"]))
 
-    over = [f"{r['name']} (pid {k.split('#')[1]}): {r['slope_mb_per_min']:+.2f} MB/min over {r['span_s']:.0f} s "
-            f"in {r['segments']} stretches between faults ({r['start_mb']} -> {r['end_mb']} MB)"
-            for k, r in run["rss"].items() if r["judged"] and r["slope_mb_per_min"] > run["rss_bound"]]
+    bound = run["rss_bound"]
+    kinds = run.get("rss_kinds", {})
+    over = [f"{name}: {r['slope_mb_per_min']:+.2f} MB/min pooled over {r['lifetimes']} lifetimes, "
+            f"{r['segments']} stretches, {r['span_s']:.0f} s" for name, r in kinds.items()
+            if r["judged"] and r["slope_mb_per_min"] > bound]
+    over += [f"{r['name']} (pid {k.split('#')[1]}): {r['slope_mb_per_min']:+.2f} MB/min over {r['span_s']:.0f} s "
+             f"in {r['segments']} stretches between faults ({r['start_mb']} -> {r['end_mb']} MB)"
+             for k, r in run["rss"].items() if r["judged"] and r["slope_mb_per_min"] > bound]
+    judged_kinds = sum(r["judged"] for r in kinds.values())
     judged = sum(r["judged"] for r in run["rss"].values())
-    checks.append(Check(f"RSS trend of every process <= {run['rss_bound']} MB/min", not over,
-                        f"{judged} of {len(run['rss'])} process series long enough to judge", over))
+    checks.append(Check(f"RSS trend of every process kind and long lifetime <= {bound} MB/min", not over,
+                        f"{judged_kinds} of {len(kinds)} process kinds and {judged} of {len(run['rss'])} "
+                        f"lifetimes long enough to judge", over))
     step_bound = run.get("rss_step_bound", rss_fit.DEFAULT_STEP_BOUND_MB)
     stepped = [f"{r['name']} (pid {k.split('#')[1]}): {r['steps_mb']:.1f} MB of level shifts across "
                f"{r['segments'] - 1} fault windows" for k, r in run["rss"].items()
-               if r["judged"] and r["steps_mb"] > step_bound]
+               if r.get("steps_judged", r["judged"]) and r["steps_mb"] > step_bound]
     checks.append(Check(f"RSS kept across faults by every process <= {step_bound} MB", not stepped,
-                        f"largest {max([r['steps_mb'] for r in run['rss'].values() if r['judged']] or [0.0]):.1f} MB",
+                        f"largest {max([r['steps_mb'] for r in run['rss'].values() if r.get('steps_judged', r['judged'])] or [0.0]):.1f} MB",
                         stepped))
     return checks
 

@@ -306,9 +306,11 @@ class Soak:
         exclude = [(f["t"], f["t"] + 60.0) for f in self.faults if "t" in f] + \
                   [(r["t"], r["t_ready"] + 60.0) for r in self.restarts]
         fits = rss_fit.fits(samples, seen, a.rss_warmup_s, exclude)
+        kinds = rss_fit.fits_by_kind(samples, seen, a.rss_warmup_s, exclude)
         run = {"outcomes": outcomes, "events": events, "incidents": incidents, "restarts": self.restarts,
                "faults": self.faults, "enabled_faults": [FAULT_KINDS[k] for k in a.fault_kinds],
                "idle_end": self.idle_end, "drain": self.drain_rec, "samples": samples, "rss": fits,
+               "rss_kinds": kinds,
                "rss_bound": a.rss_bound, "rss_step_bound": a.rss_step_bound, "t_last": t_last, "t0": self.rec.t0, "rel": lambda t: self.rec.rel(t) or 0.0,
                "kv_baseline": self.kv_baseline, "kv_start": self.kv_start, "traffic_s": getattr(self, "traffic_s", 0.0),
                "server_starts": self.server_starts, "config": {k: v for k, v in vars(a).items()}}

@@ -193,6 +193,70 @@ def test_rss_short_segments_are_dropped():
     assert rss.fit(pts, 0.0, 0.0, exclude=faults)["points"] == 0
 
 
+def _samples(lives: dict[str, list[tuple[float, float]]], step_s=15.0) -> list[dict]:
+    """Monitor samples from {process key: [(t, rss_mb)]}, all under traffic."""
+    by_t: dict[float, dict] = {}
+    for key, pts in lives.items():
+        for t, v in pts:
+            by_t.setdefault(t, {})[key] = {"rss_mb": v}
+    return [{"t": t, "traffic": True, "rss": r} for t, r in sorted(by_t.items())]
+
+
+def _rss_checks(samples, exclude=()):
+    seen = rss.first_seen(samples)
+    run = {"rss": rss.fits(samples, seen, 300.0, list(exclude)),
+           "rss_kinds": rss.fits_by_kind(samples, seen, 300.0, list(exclude)),
+           "rss_bound": rss.DEFAULT_BOUND_MB_PER_MIN, "rss_step_bound": rss.DEFAULT_STEP_BOUND_MB}
+    # only the two RSS checks of evaluate(), on a run with nothing else in it
+    out = [c for c in checks.evaluate({**run, "outcomes": [], "incidents": [], "restarts": [], "faults": [],
+                                       "enabled_faults": [], "idle_end": {}, "drain": None, "samples": samples,
+                                       "t_last": 10_000.0, "rel": lambda t: t})
+           if c.name.startswith("RSS")]
+    assert len(out) == 2
+    return run, out
+
+
+def _life(t0, t1, f, every=15):
+    return [(float(t), f(t - t0)) for t in range(t0, t1, every)]
+
+
+def test_rss_early_growth_of_one_short_lifetime_is_outweighed_by_the_other_lifetimes_of_its_kind():
+    # The third 2-hour run: llm stubs lived ~15 min (every stub kill restarted the server). One grew
+    # 1.1 MB/min over its single 8-minute stretch after the warm-up (~9 MB, then it was killed); the
+    # others were flat. Judged alone that lifetime reads over the bound; the kind's pooled trend does not.
+    lives = {"llm stub#100": _life(0, 780, lambda s: 2000 + 1.1 * s / 60)}
+    for i, t0 in enumerate(range(900, 900 * 6, 900)):
+        lives[f"llm stub#{101 + i}"] = _life(t0, t0 + 780, lambda s: 2000 + 0.05 * ((s // 15) % 2))
+    samples = _samples(lives)
+    run, (trend, steps) = _rss_checks(samples)
+    alone = run["rss"]["llm stub#100"]
+    assert alone["slope_mb_per_min"] > rss.DEFAULT_BOUND_MB_PER_MIN and not alone["judged"]
+    kind = run["rss_kinds"]["llm stub"]
+    assert kind["judged"] and kind["lifetimes"] == 6 and kind["slope_mb_per_min"] < 0.3
+    assert trend.ok and steps.ok
+
+
+def test_rss_leak_in_every_short_lifetime_fails_the_kind():
+    # 1.2 MB/min in every 13-minute lifetime: no lifetime is long enough alone, the kind's trend fails.
+    lives = {f"llm stub#{100 + i}": _life(t0, t0 + 780, lambda s: 2000 + 1.2 * s / 60)
+             for i, t0 in enumerate(range(0, 900 * 6, 900))}
+    run, (trend, _) = _rss_checks(_samples(lives))
+    assert not any(r["judged"] for r in run["rss"].values())
+    assert abs(run["rss_kinds"]["llm stub"]["slope_mb_per_min"] - 1.2) < 1e-6
+    assert not trend.ok and "llm stub" in trend.failures[0]
+
+
+def test_rss_leak_of_one_long_lifetime_fails_even_when_other_lifetimes_of_its_kind_are_flat():
+    # A lifetime long enough to judge alone (30 min of stretches) with a 1.5 MB/min leak fails on its
+    # own, though the pooled trend over it and many short flat lifetimes may stay under the bound.
+    lives = {"ensemble stub#1": _life(0, 2100, lambda s: 70 + 1.5 * s / 60)}
+    for i, t0 in enumerate(range(2100, 2100 + 900 * 8, 900)):
+        lives[f"ensemble stub#{2 + i}"] = _life(t0, t0 + 780, lambda s: 70.0)
+    run, (trend, _) = _rss_checks(_samples(lives))
+    assert run["rss"]["ensemble stub#1"]["judged"]
+    assert not trend.ok and any("pid 1" in f for f in trend.failures)
+
+
 def test_validation_of_llm_stream_finish_reasons_and_counts():
     spec = Spec("llm", max_tokens=3, stream=True, finish_reason=True)
     good = [Resp(0, "a", "None", 1), Resp(1, "b", "None", 1), Resp(2, "c", "length", 1)]
