@@ -172,9 +172,18 @@ class EnsemblePipeline:
                                     name="ensemble-row") for f, r in flights[1:]]
         for t in threads:
             t.start()
-        self._stream_row(*flights[0], batch > 1)
-        for t in threads:
-            t.join()
+        try:
+            self._stream_row(*flights[0], batch > 1)
+        finally:
+            for t in threads:
+                t.join()
+            # A client request and its rows refer to each other: undo that now that every row has
+            # ended, so that the response sender is released here and not by the garbage collector,
+            # which may run only at the stub's exit, after the stub the sender's clean-up needs is
+            # gone (a segmentation fault at every unload of `ensemble` that had served requests).
+            for f in client.flights:
+                f.stream = None
+            client.flights = []
 
     def _reject_unsupported(self, tensors: dict) -> None:
         pb = _pb()

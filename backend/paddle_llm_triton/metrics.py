@@ -26,6 +26,7 @@ _Fan: one source of truth, no second bookkeeping.
 
 from __future__ import annotations
 
+import gc
 import logging
 import queue
 import threading
@@ -397,6 +398,7 @@ class LLMMetrics:
             for i, item in enumerate(batch):
                 if item is None:
                     self._flush_counts()
+                    self._release()
                     return
                 if item[0] == "state" and i != last_state:
                     continue
@@ -405,6 +407,28 @@ class LLMMetrics:
                 except Exception:
                     log.exception("metric update failed")
             self._flush_counts()
+
+    def _release(self) -> None:
+        """Drop every Metric, then every MetricFamily, here on the metrics thread while the stub is
+        alive (shutdown() from finalize()). Why: one left for interpreter teardown is destroyed inside
+        the stub's own destructor, and its clean-up (taking the metric off the server) reaches for the
+        stub being destroyed: a segmentation fault at every unload of `llm` on Triton 2.51."""
+        def clear(v) -> None:
+            if isinstance(v, _Fan):
+                v.metrics.clear()
+            elif isinstance(v, dict):
+                for x in v.values():
+                    clear(x)
+            elif isinstance(v, (list, tuple)):
+                for x in v:
+                    clear(x)
+
+        for v in list(vars(self).values()):
+            clear(v)
+        self._info = None
+        self._spec_pos_families = []
+        self._families = []  # the families last: a MetricFamily must outlive its Metric objects
+        gc.collect()
 
     def _count(self, fan: "_Fan", n: int) -> None:
         """Add n to a counter at the end of this pass (one IPC per counter per pass, not per output)."""

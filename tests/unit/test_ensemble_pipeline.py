@@ -167,6 +167,28 @@ def test_batched_rows_carry_batch_index_and_end_with_one_final(monkeypatch, clea
     assert not [c for name, c in pb.calls if name == "llm"], "no BLS call to llm"
 
 
+def test_a_finished_request_leaves_no_garbage_holding_its_response_sender(monkeypatch, cleanup):
+    # A client request and its rows refer to each other; left so, the response sender is freed only
+    # by the garbage collector, which may first run at the stub's exit, after the stub that the
+    # sender's clean-up reaches for is gone: a segmentation fault at every unload of `ensemble`.
+    import gc
+
+    from paddle_llm_triton.ensemble_requests import ClientRequest, Flight
+    from paddle_llm_triton.senders import TrackedSender
+
+    _, pipe, _ = install(monkeypatch, False)
+    cleanup(pipe)
+    gc.collect()
+    gc.disable()  # what refcounting alone frees: gc.get_objects() still lists uncollected cycles
+    try:
+        for texts in (["ab", "cde"], ["x"]):
+            run(pipe, client_request(texts))
+        left = [type(o).__name__ for o in gc.get_objects() if isinstance(o, (ClientRequest, Flight, TrackedSender))]
+    finally:
+        gc.enable()
+    assert left == []
+
+
 @pytest.mark.parametrize("newer", [False, True])
 def test_one_row_is_as_before_and_response_parameters_only_where_supported(monkeypatch, cleanup, newer):
     _, pipe, _ = install(monkeypatch, newer, coalesce=False)  # the fake's two frames as two responses

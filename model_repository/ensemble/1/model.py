@@ -4,6 +4,7 @@ does not pass into the steps of a real ensemble) stops the engine's work. The pi
 cancellation watcher and the `stop` signal live in paddle_llm_triton/ensemble_pipeline.py.
 execute() hands each request to the pipeline and returns at once."""
 
+import gc
 import json
 
 import triton_python_backend_utils as pb_utils
@@ -46,3 +47,6 @@ class TritonPythonModel:
     def finalize(self):
         self.control.close()
         self.pipeline.shutdown()
+        # Any cycle still holding a response sender is freed now, while the stub can take its
+        # clean-up; at the stub's exit that clean-up would reach for a stub already destroyed.
+        gc.collect()

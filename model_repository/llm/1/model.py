@@ -9,6 +9,7 @@ through Triton: they arrive on this instance's engine channel (paddle_llm_triton
 served by paddle_llm_triton/ensemble_steps.py), which never calls pb_utils.
 """
 
+import gc
 import json
 import logging
 import time
@@ -178,4 +179,7 @@ class TritonPythonModel:
             close()
             if time.monotonic() - t > 1.0:  # Triton waits for this process without a bound: say what took long
                 log.warning("llm instance %s: finalize: %s took %.1f s", self.instance, name, time.monotonic() - t)
+        # Any cycle still holding a pb_utils object is freed now, while the stub can take its clean-up;
+        # at the stub's exit that clean-up would reach for a stub already destroyed.
+        gc.collect()
         log.info("llm instance %s: finalized in %.1f s", self.instance, time.monotonic() - t0)
