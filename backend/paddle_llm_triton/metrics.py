@@ -26,7 +26,6 @@ _Fan: one source of truth, no second bookkeeping.
 
 from __future__ import annotations
 
-import gc
 import logging
 import queue
 import threading
@@ -410,9 +409,10 @@ class LLMMetrics:
 
     def _release(self) -> None:
         """Drop every Metric, then every MetricFamily, here on the metrics thread while the stub is
-        alive (shutdown() from finalize()). Why: one left for interpreter teardown is destroyed inside
-        the stub's own destructor, and its clean-up (taking the metric off the server) reaches for the
-        stub being destroyed: a segmentation fault at every unload of `llm` on Triton 2.51."""
+        alive (shutdown() from finalize(), which then collects any cycle). Why: one left for
+        interpreter teardown is destroyed inside the stub's own destructor, and its clean-up (taking
+        the metric off the server) reaches for the stub being destroyed (python_backend's
+        MetricFamily destructor; the same way an `ensemble` response sender crashed every unload)."""
         def clear(v) -> None:
             if isinstance(v, _Fan):
                 v.metrics.clear()
@@ -428,7 +428,6 @@ class LLMMetrics:
         self._info = None
         self._spec_pos_families = []
         self._families = []  # the families last: a MetricFamily must outlive its Metric objects
-        gc.collect()
 
     def _count(self, fan: "_Fan", n: int) -> None:
         """Add n to a counter at the end of this pass (one IPC per counter per pass, not per output)."""

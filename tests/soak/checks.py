@@ -202,7 +202,7 @@ def evaluate(run: dict) -> list[Check]:
         checks.append(Check("drain", False, "not run", ["the drain did not run"]))
 
     bound = run["rss_bound"]
-    kinds = run.get("rss_kinds", {})
+    kinds = run["rss_kinds"]
     over = [f"{name}: {r['slope_mb_per_min']:+.2f} MB/min pooled over {r['lifetimes']} lifetimes, "
             f"{r['segments']} stretches, {r['span_s']:.0f} s" for name, r in kinds.items()
             if r["judged"] and r["slope_mb_per_min"] > bound]
@@ -217,9 +217,9 @@ def evaluate(run: dict) -> list[Check]:
     step_bound = run.get("rss_step_bound", rss_fit.DEFAULT_STEP_BOUND_MB)
     stepped = [f"{r['name']} (pid {k.split('#')[1]}): {r['steps_mb']:.1f} MB of level shifts across "
                f"{r['segments'] - 1} fault windows" for k, r in run["rss"].items()
-               if r.get("steps_judged", r["judged"]) and r["steps_mb"] > step_bound]
+               if r["steps_judged"] and r["steps_mb"] > step_bound]
     checks.append(Check(f"RSS kept across faults by every process <= {step_bound} MB", not stepped,
-                        f"largest {max([r['steps_mb'] for r in run['rss'].values() if r.get('steps_judged', r['judged'])] or [0.0]):.1f} MB",
+                        f"largest {max([r['steps_mb'] for r in run['rss'].values() if r['steps_judged']] or [0.0]):.1f} MB",
                         stepped))
     return checks
 

@@ -129,7 +129,7 @@ def write(run: dict, out_dir: Path) -> dict:
         "rss_bound_mb_per_min": run["rss_bound"],
         "rss_step_bound_mb": run.get("rss_step_bound"),
         "rss_fits": run["rss"],
-        "rss_kinds": run.get("rss_kinds", {}),
+        "rss_kinds": run["rss_kinds"],
         "timeline": rows,
         "events": [{"t": rel(e.t), "kind": e.kind, "what": e.what} for e in run["events"]],
         "faults": faults,
