@@ -242,8 +242,10 @@ class EngineConfig:
     enable_prefix_caching: 1 reuses KV blocks of equal prompt prefixes across requests; 0 disables.
     max_num_waiting: admission limit: requests admitted and not finished that are not running
         (submitted and not yet applied by the engine thread, plus the scheduler's waiting and
-        preempted sequences). At the limit a new request is refused at once (EngineBusyError,
-        Triton UNAVAILABLE). 0 (the default) = WAITING_PER_SEQ_SLOT x max_num_seqs (128 with the
+        preempted sequences) less the running slots free (max_num_seqs less the running
+        sequences), i.e. those that must wait for a slot; so at most max_num_seqs +
+        max_num_waiting are in flight. At the limit a new request is refused at once
+        (EngineBusyError, Triton UNAVAILABLE). 0 (the default) = WAITING_PER_SEQ_SLOT x max_num_seqs (128 with the
         default max_num_seqs 32); resolved by validate().
     max_waiting_requests: deprecated alias of max_num_waiting (logs a warning); setting both is a
         ValueError.

@@ -117,6 +117,19 @@ class LLMEngine:
         """Sequences in the scheduler's waiting queue (new and preempted)."""
         return len(self.scheduler.waiting)
 
+    @property
+    def num_free_seq_slots(self) -> int:
+        """Running slots free now: max_num_seqs less the running sequences (>= 0)."""
+        return max(0, self.config.max_num_seqs - len(self.scheduler.running))
+
+    @property
+    def num_backlog(self) -> int:
+        """Waiting sequences that no free running slot can take: num_waiting less
+        num_free_seq_slots (>= 0). This is what max_num_waiting bounds: a burst that arrives within
+        one step and fits the free slots is about to run, not waiting. Equivalently, admission holds
+        running + waiting below max_num_seqs + max_num_waiting."""
+        return max(0, len(self.scheduler.waiting) - self.num_free_seq_slots)
+
     # -- intake --------------------------------------------------------------------------------
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> PreparedRequest:
         """Check a request and prepare it for add_prepared; safe on any thread (EngineLoop.submit
@@ -139,15 +152,15 @@ class LLMEngine:
             and the max_request_seconds setting applies: at that time the engine aborts the request
             wherever it is (waiting or running), frees its KV blocks, and its final output has
             finish_reason "abort", timed_out True and `error` saying "deadline exceeded: ...".
-        Raises EngineBusyError (max_num_waiting sequences are already waiting: a backstop,
+        Raises EngineBusyError (num_backlog has reached max_num_waiting: a backstop,
         EngineLoop.submit refuses earlier) or ValueError (duplicate id, a negative or non-finite
         timeout)."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in flight")
         if timeout_s is not None and not (math.isfinite(timeout_s) and timeout_s >= 0):
             raise ValueError(f"timeout_s must be >= 0 seconds (0 = none), got {timeout_s}")
-        if self.num_waiting >= self.config.max_num_waiting:
-            raise EngineBusyError(self.num_waiting, self.config.max_num_waiting)
+        if self.num_backlog >= self.config.max_num_waiting:
+            raise EngineBusyError(self.num_backlog, self.config.max_num_waiting)
         req = RequestState(request_id, prepared, self.tokenizer, arrival_time)
         req.deadline = Deadline.earliest(req.seq.arrival_time, timeout_s, self.config.max_request_seconds)
         if self.proposer is not None:  # guided ones too: the guide sees accepted tokens only (_verify)

@@ -7,8 +7,11 @@ A request is checked in the caller's thread (LLMEngine.check_request): a bad one
 InvalidRequestError from submit, naming the field, and nothing is queued.
 Admission is decided in the caller's thread, at once: the loop counts the requests that are
 admitted, not finished and not running (submitted but not yet applied, plus the scheduler's
-waiting queue as of the last step or command) and submit raises EngineBusyError when that count
-reaches max_num_waiting, instead of letting the request wait behind a step that may take seconds.
+waiting queue as of the last step or command), less the running slots free as of then (those
+requests are about to run, not waiting), and submit raises EngineBusyError when that count reaches
+max_num_waiting, instead of letting the request wait behind a step that may take seconds. Without
+the free slots, a burst of arrivals during one long step (traffic resuming, a prefill wave) was
+refused while the batch had room.
 If a step raises, every request in flight gets an error output, the loop stops, `healthy` turns
 False, `on_failure(reason)` is called once, and every later submit raises EngineDeadError (the
 Triton glue answers it at once with an INTERNAL error naming the original failure). A step that
@@ -55,6 +58,7 @@ class EngineLoop:
         self._admission = threading.Lock()
         self._queued = 0           # "add" commands not yet applied by the engine thread
         self._engine_waiting = engine.num_waiting  # refreshed on the engine thread
+        self._engine_free_slots = engine.num_free_seq_slots  # likewise
         self._stopping = False
         self.error: str | None = None
         self.step_started_at: float | None = None  # time.monotonic() of the step in progress
@@ -67,9 +71,14 @@ class EngineLoop:
 
     @property
     def num_waiting(self) -> int:
-        """Requests admitted and not finished that are not running (what max_num_waiting bounds)."""
+        """Requests admitted, not finished and not running that no free running slot can take
+        (what max_num_waiting bounds; see the module docstring)."""
         with self._admission:
-            return self._queued + self._engine_waiting
+            return self._backlog()
+
+    def _backlog(self) -> int:
+        # under _admission
+        return max(0, self._queued + self._engine_waiting - self._engine_free_slots)
 
     def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                callback: OutputCallback, timeout_s: float | None = None) -> None:
@@ -78,14 +87,14 @@ class EngineLoop:
         timeout_s: the caller's deadline in seconds from now (None or 0 = none); see
         LLMEngine.add_prepared (the engine's max_request_seconds applies as well).
         Raises, with nothing queued: EngineDeadError when the engine has failed, EngineBusyError
-        when max_num_waiting requests are already waiting, InvalidRequestError (naming the field)
+        when max_num_waiting requests already wait beyond the free running slots, InvalidRequestError (naming the field)
         for a bad request. What the engine thread refuses later (a duplicate id, a bad timeout, the
         engine's own waiting backstop) arrives through the callback as finish_reason "error"."""
         self.raise_if_dead()
         arrival = time.monotonic()
         limit = self.engine.config.max_num_waiting
         with self._admission:
-            waiting = self._queued + self._engine_waiting
+            waiting = self._backlog()
             if waiting >= limit:
                 raise EngineBusyError(waiting, limit)
             self._queued += 1
@@ -194,6 +203,7 @@ class EngineLoop:
             if applied_add:
                 self._queued -= 1
             self._engine_waiting = self.engine.num_waiting
+            self._engine_free_slots = self.engine.num_free_seq_slots
 
     def _drain_commands(self) -> bool:
         """Apply queued commands; block for one when the engine is idle. False on "stop"."""

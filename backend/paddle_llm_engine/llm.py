@@ -29,7 +29,7 @@ class LLM:
     def generate(self, prompts: list[str] | list[list[int]], params: SamplingParams | list[SamplingParams]
                  ) -> list[Completion]:
         """Run every prompt to its end with continuous batching: prompts join the engine as long as
-        fewer than max_num_waiting wait (the serving admission limit is not an error here, so any
+        fewer than max_num_waiting wait beyond the free running slots (the serving admission limit is not an error here, so any
         number of prompts can be given), in order.
 
         prompts: strings (tokenized as the tokenizer config says) or token id lists.
@@ -46,7 +46,7 @@ class LLM:
         limit = self.engine.config.max_num_waiting
 
         def feed():
-            while pending and self.engine.num_waiting < limit:
+            while pending and self.engine.num_backlog < limit:
                 self.engine.add_request(*pending.popleft())
 
         texts = {r: [] for r in rids}

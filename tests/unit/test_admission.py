@@ -30,17 +30,33 @@ def drain(eng) -> dict[str, int]:
 
 
 def test_engine_backstop_refuses_then_recovers(tiny_model_dir):
-    eng = make_engine(tiny_model_dir, max_num_waiting=2)
-    eng.add_request("a", prompt(5, 1), greedy(3))
+    eng = make_engine(tiny_model_dir, max_num_waiting=2, max_num_seqs=1)
+    eng.add_request("a", prompt(5, 1), greedy(3))  # takes the one running slot at the next step
     eng.add_request("b", prompt(6, 2), greedy(3))
+    eng.add_request("c", prompt(7, 4), greedy(3))
+    assert (eng.num_waiting, eng.num_free_seq_slots, eng.num_backlog) == (3, 1, 2)
     with pytest.raises(EngineBusyError) as e:
-        eng.add_request("c", prompt(7, 3), greedy(3))
+        eng.add_request("d", prompt(7, 3), greedy(3))
     assert str(e.value) == "server busy: 2 requests waiting (max_num_waiting 2); retry later"
     assert (e.value.waiting, e.value.limit) == (2, 2)
-    assert "c" not in eng.requests
-    assert drain(eng) == {"a": 3, "b": 3}  # the queued ones are not lost
-    eng.add_request("c", prompt(7, 3), greedy(3))  # room again
-    assert drain(eng) == {"c": 3}
+    assert "d" not in eng.requests
+    assert drain(eng) == {"a": 3, "b": 3, "c": 3}  # the queued ones are not lost
+    eng.add_request("d", prompt(7, 3), greedy(3))  # room again
+    assert drain(eng) == {"d": 3}
+
+
+def test_engine_backstop_counts_only_what_the_free_slots_cannot_take(tiny_model_dir):
+    """max_num_seqs 4, max_num_waiting 2: six requests added before a step fit (four are about to
+    run), the seventh is refused; one step later four run and two wait."""
+    eng = make_engine(tiny_model_dir, max_num_waiting=2, max_num_seqs=4)
+    for i in range(6):
+        eng.add_request(f"r{i}", prompt(5 + i, i), greedy(3))
+    assert (eng.num_waiting, eng.num_backlog) == (6, 2)
+    with pytest.raises(EngineBusyError, match="server busy: 2 requests waiting"):
+        eng.add_request("r6", prompt(5, 9), greedy(3))
+    eng.step()
+    assert (len(eng.scheduler.running), eng.num_waiting, eng.num_backlog) == (4, 2, 2)
+    assert drain(eng) == {f"r{i}": 3 for i in range(6)}
 
 
 def wait_until(cond, timeout: float) -> bool:
@@ -67,38 +83,72 @@ class _GatedStep:
         return self.real(*a, **kw)
 
 
-def test_submit_refuses_at_once_while_a_step_runs(tiny_model_dir):
-    eng = make_engine(tiny_model_dir, max_num_waiting=2, max_num_seqs=1)
-    gate = _GatedStep(eng)
-    loop = EngineLoop(eng)
+def _collector(n: int):
     done, all_done = {}, threading.Event()
 
     def cb(out):
         if out.finished:
             done[out.request_id] = out
-            if len(done) == 3:
+            if len(done) == n:
                 all_done.set()
+    return done, all_done, cb
 
+
+def test_submit_refuses_at_once_while_a_step_runs(tiny_model_dir):
+    eng = make_engine(tiny_model_dir, max_num_waiting=2, max_num_seqs=1)
+    gate = _GatedStep(eng)
+    loop = EngineLoop(eng)
+    done, all_done, cb = _collector(4)
     try:
         loop.submit("r0", prompt(10, 0), greedy(4), cb)
         assert gate.entered.wait(60)  # the engine thread is inside a step that does not return
-        assert loop.num_waiting == 1  # r0: applied, not yet scheduled
+        assert loop.num_waiting == 0  # r0: applied, not yet scheduled, and the one slot is free for it
         loop.submit("r1", prompt(10, 1), greedy(4), cb)
+        loop.submit("r2", prompt(10, 2), greedy(4), cb)
         assert loop.num_waiting == 2
         with pytest.raises(EngineBusyError) as e:  # answered in this thread: the step is still held
-            loop.submit("r2", prompt(10, 2), greedy(4), cb)
+            loop.submit("r3", prompt(10, 3), greedy(4), cb)
         assert str(e.value) == "server busy: 2 requests waiting (max_num_waiting 2); retry later"
         assert not gate.release.is_set() and loop.num_waiting == 2
         gate.release.set()
-        # once the queue moves (r0 running, r1 waiting), new requests are admitted again
+        # once the queue moves (r1 running, r2 waiting), new requests are admitted again
         assert wait_until(lambda: loop.num_waiting < 2, 60)
-        loop.submit("r3", prompt(10, 3), greedy(4), cb)
+        loop.submit("r4", prompt(10, 4), greedy(4), cb)
         assert all_done.wait(120)
     finally:
         gate.release.set()
         loop.shutdown()
-    assert sorted(done) == ["r0", "r1", "r3"]
+    assert sorted(done) == ["r0", "r1", "r2", "r4"]
     assert all(o.finish_reason == "length" and o.num_output_tokens == 4 for o in done.values())
+    assert loop.num_waiting == 0
+    assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
+
+
+def test_a_burst_within_one_step_that_fits_the_free_slots_is_admitted(tiny_model_dir):
+    """The soak's post-flood refusals: traffic resumed at once into an idle engine and, while the
+    first request's step ran, more requests arrived than max_num_waiting, though the batch had room
+    for all of them. Counted as waiting they were refused ("server busy: 8 requests waiting" with
+    nothing waiting a step later); they are about to run, so they are admitted. Past the free slots
+    the limit holds as before."""
+    eng = make_engine(tiny_model_dir, max_num_waiting=2, max_num_seqs=6)
+    gate = _GatedStep(eng)
+    loop = EngineLoop(eng)
+    done, all_done, cb = _collector(8)
+    try:
+        loop.submit("r0", prompt(8, 0), greedy(3), cb)
+        assert gate.entered.wait(60)  # r0's step is held: everything below arrives during it
+        for i in range(1, 8):  # six take the six slots, two wait
+            loop.submit(f"r{i}", prompt(8, i), greedy(3), cb)
+        assert loop.num_waiting == 2
+        with pytest.raises(EngineBusyError, match=r"server busy: 2 requests waiting \(max_num_waiting 2\)"):
+            loop.submit("r8", prompt(8, 8), greedy(3), cb)
+        gate.release.set()
+        assert all_done.wait(120)
+    finally:
+        gate.release.set()
+        loop.shutdown()
+    assert sorted(done) == [f"r{i}" for i in range(8)]
+    assert all(o.finish_reason == "length" and o.num_output_tokens == 3 for o in done.values())
     assert loop.num_waiting == 0
     assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
 
@@ -108,6 +158,7 @@ class _BusyEngine:
 
     config = types.SimpleNamespace(max_num_waiting=5)
     num_waiting = 0
+    num_free_seq_slots = 0
     requests: dict = {}
 
     def check_request(self, ids, params):

@@ -37,6 +37,7 @@ class FailingEngine:
 
     config = types.SimpleNamespace(max_num_waiting=128)
     num_waiting = 0
+    num_free_seq_slots = 0
 
     def check_request(self, ids, params):
         return ids

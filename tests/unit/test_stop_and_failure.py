@@ -106,6 +106,7 @@ class FakeEngine:
 
     config = types.SimpleNamespace(max_num_waiting=128)
     num_waiting = 0
+    num_free_seq_slots = 0  # a full batch: every request submitted counts as waiting
 
     def check_request(self, ids, params):
         return ids
