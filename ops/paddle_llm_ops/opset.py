@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import paddle
+import paddle.nn.functional as F
 
 from paddle_llm_ops.gcu import custom_ops as gcu_ops
 from paddle_llm_ops.kv_cache import write_kv
@@ -82,6 +83,10 @@ class OpSet:
     write_kv as in kv_cache.py; moe_experts: the mixture-of-experts expert kernel (moe.MoEKernel);
     moe_routing: None (the model's composed routing) or topk(gating [T, E], k, renormalize) ->
         (weights [T, k] fp32, ids [T, k] int32) for plain softmax top-k routing;
+    swiglu(gate_up [T, 2I]) -> [T, I]: silu of the gate columns times the up columns;
+    make_decode_stack: None, or (layers: [decode_stack.StackLayer], final_norm, hidden, intermediate,
+        num_heads, num_kv_heads, head_dim, eps, scale) -> (DecodeStack | None, description): the
+        whole decoder of a decode-only step in one call, bit-identical to these ops (cpu family);
     names: the kernel chosen for each op, for logs and tests."""
 
     rms_norm: Callable
@@ -97,6 +102,8 @@ class OpSet:
     moe_experts: MoEKernel = COMPOSED_MOE
     kv_layout: str = "heads_slots"
     moe_routing: Callable | None = None
+    swiglu: Callable = F.swiglu
+    make_decode_stack: Callable | None = None
 
 
 # ----------------------------------------------------------------------------- composed kernels
@@ -190,6 +197,20 @@ def _cpu_lm_head(isa, quantization, group_size, weight):
     if quantization:  # a quantized copy of the [V, H] head: the embedding lookup keeps fp32 rows
         return _cpu_linear(isa, quantization, group_size, weight.numpy().T, None, "float32")
     return functools.partial(cpu_kernels.linear, w=weight, bias=None, isa=isa)
+
+
+def _cpu_swiglu(isa, x):
+    from paddle_llm_ops import cpu_kernels
+
+    return cpu_kernels.swiglu(x, isa)
+
+
+def _cpu_decode_stack(isa, block_size, layers, final_norm, hidden, intermediate, num_heads, num_kv_heads, head_dim,
+                      eps, scale):
+    from paddle_llm_ops.cpu_kernels.decode_stack import DecodeStack
+
+    return DecodeStack.build(isa, block_size, layers, final_norm, hidden, intermediate, num_heads, num_kv_heads,
+                             head_dim, eps, scale)
 
 
 def _cpu_rotary_inputs(table, positions, dtype):
@@ -326,7 +347,9 @@ def _cpu_opset(cpu_isa: str, quant: tuple[str, int], block_size: int, prefill, k
         write_kv=write_kv,
         attention=functools.partial(_split_attention, decode, prefill),
         attention_metadata="block_tables",
-        names=(("rms_norm", f"cpu_{cpu_isa}"), ("linear", f"cpu_{_LINEAR_KIND[quant[0]]}_{cpu_isa}"),
+        swiglu=functools.partial(_cpu_swiglu, cpu_isa),
+        make_decode_stack=functools.partial(_cpu_decode_stack, cpu_isa, block_size),
+        names=(("rms_norm", f"cpu_{cpu_isa}"), ("swiglu", f"cpu_{cpu_isa}"), ("linear", f"cpu_{_LINEAR_KIND[quant[0]]}_{cpu_isa}"),
                ("rotary_kv_write", f"cpu_{cpu_isa}"), ("attention", f"cpu_paged_decode_{cpu_isa} + composed prefill"),
                ("kv_gather", kv_gather_dtype or "cache dtype"), moe_name),
         moe_experts=moe,

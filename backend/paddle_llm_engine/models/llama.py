@@ -14,7 +14,6 @@ import math
 
 import numpy as np
 import paddle
-import paddle.nn.functional as F
 
 from paddle_llm_ops.host_tensor import from_numpy
 from paddle_llm_engine.config import ModelConfig
@@ -49,9 +48,10 @@ class DenseMLP:
         self.gate_up = ops.make_linear(np.concatenate([r.linear(m + "gate_proj.weight"), r.linear(m + "up_proj.weight")],
                                                       axis=1), gate_up_bias, dtype)
         self.down = ops.make_linear(r.linear(m + "down_proj.weight"), down_bias, dtype)
+        self.act = ops.swiglu
 
     def __call__(self, x: paddle.Tensor) -> paddle.Tensor:
-        return self.down(F.swiglu(self.gate_up(x)))
+        return self.down(self.act(self.gate_up(x)))
 
 
 class LlamaLayer:
@@ -118,6 +118,7 @@ class LlamaForCausalLM:
         self.head_dim = cfg.head_dim
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
         self.layers: list[LlamaLayer] = []
+        self.decode_stack, self.decode_stack_info = None, "off (weights not loaded)"
         # Built here, not at load: an unsupported rope_scaling fails before any weight is read.
         self.rotary = RotaryTable(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
 
@@ -139,6 +140,7 @@ class LlamaForCausalLM:
         self.tied = cfg.tie_word_embeddings
         self.lm_head = self.embed if self.tied else _t(r.get("lm_head.weight"))  # [V, H] either way
         self.lm_head_op = self.ops.make_lm_head(self.lm_head)
+        self.decode_stack, self.decode_stack_info = self._make_decode_stack()
         unused = [n for n in r.unread() if not n.endswith("rotary_emb.inv_freq")
                   and not (self.tied and n == "lm_head.weight")  # HF ignores a tied checkpoint's lm_head
                   and not any(x in n for x in self.IGNORED_TENSORS)]
@@ -146,6 +148,34 @@ class LlamaForCausalLM:
             more = f" and {len(unused) - 8} more" if len(unused) > 8 else ""
             raise ValueError(f"checkpoint tensors not used by model_type {cfg.model_type!r} with this config.json "
                              f"(config and weights disagree?): {', '.join(unused[:8])}{more}")
+
+    def _make_decode_stack(self):
+        """(the OpSet's one-call decoder for decode-only steps, or None; a line saying which and why).
+        Only for the plain dense decoder this class runs: a subclass that changes how the layers
+        combine (tensor parallel's reduce, mixture-of-experts MLPs, its own forward) keeps the
+        op-by-op path."""
+        if self.ops.make_decode_stack is None:
+            return None, "off (the OpSet has none: composed or device kernels)"
+        cls = type(self)
+        for name in ("forward", "reduce_partial", "embed_tokens"):
+            if getattr(cls, name) is not getattr(LlamaForCausalLM, name):
+                return None, f"off ({cls.__name__} overrides {name})"
+        if self.dtype != "float32":
+            return None, f"off (compute dtype {self.dtype})"
+        if any(type(layer.mlp) is not DenseMLP for layer in self.layers):
+            return None, "off (a layer's MLP is not the dense SwiGLU MLP)"
+        from paddle_llm_ops.cpu_kernels.decode_stack import StackLayer
+
+        layers = [StackLayer(lay.in_norm, lay.post_norm, lay.q_norm, lay.k_norm, lay.qkv, lay.o, lay.mlp.gate_up,
+                             lay.mlp.down) for lay in self.layers]
+        gate_up = self.layers[0].mlp.gate_up
+        w = gate_up.weight if hasattr(gate_up, "weight") else getattr(gate_up, "qweight", None)
+        if w is None:
+            return None, f"off (gate_up is a {type(gate_up).__name__})"
+        inter = w.shape[0] // 2  # [2I, H] in every CPU linear's layout (the stack checks each layer)
+        stack, info = self.ops.make_decode_stack(layers, self.norm, self.cfg.hidden_size, inter, self.num_heads,
+                                                 self.num_kv_heads, self.head_dim, self.cfg.rms_norm_eps, self.scale)
+        return stack, (info if stack is not None else f"off ({info})")
 
     def open_checkpoint(self, model_dir: str) -> CheckpointReader:
         """The reader load_weights takes every tensor from (tensor parallel: a rank's shard of it)."""
@@ -171,6 +201,12 @@ class LlamaForCausalLM:
         nh, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
         h = self.embed_tokens(input_ids)  # [T, H]: the residual stream
         rot = ops.rotary_inputs(self.rotary, positions, self.dtype)
+        if self.decode_stack is not None and not meta.prefills and meta.num_decodes == h.shape[0]:
+            # Every row is one sequence's next token: the whole stack in one call (same kernels).
+            out = self.decode_stack.run(h, rot.positions, rot.table_cos, rot.table_sin, meta.slot_mapping,
+                                        meta.decode_block_tables, meta.decode_context_lens, kv_caches)
+            if out is not None:  # None: a batch above the kernels' limit
+                return out
         # Each residual add is fused with the norm that follows it: `delta` is the output not yet
         # added to h (the previous block's MLP; None before the first layer).
         delta = None

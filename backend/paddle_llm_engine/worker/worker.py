@@ -76,6 +76,7 @@ class Worker:
         self.platform.configure_kernels(self.plan, self.threads)
         self.model = (make_model or build_model)(model_config, self.ops, self.plan.dtype)
         self.model.load_weights(engine_config.model_dir)
+        log.info("%s: decode stack: %s", self.device, getattr(self.model, "decode_stack_info", "n/a"))
         self.num_kv_blocks = 0
         self.kv_caches: list = []
 

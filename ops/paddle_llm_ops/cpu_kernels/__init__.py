@@ -110,6 +110,12 @@ def load() -> Path:
         return path
 
 
+def c_library() -> ctypes.CDLL:
+    """The loaded library's C entry points (ctypes; calls through it release the GIL). Loads it first."""
+    load()
+    return _cdll
+
+
 def available() -> bool:
     """True when the library for the current sources is built and loads (never raises)."""
     try:
@@ -234,6 +240,15 @@ def linear_w8a8(x: paddle.Tensor, q: paddle.Tensor, scale: paddle.Tensor, bias: 
         return gemv_w8a8(x, q, scale, bias, isa, group)
     y = paddle.matmul(x, dequantize_int8(q, scale), transpose_y=True)
     return y if bias is None else y + bias
+
+
+def swiglu(x: paddle.Tensor, isa: str = "generic") -> paddle.Tensor:
+    """SwiGLU of a fused gate_up output: x [B, 2I] fp32 (gate columns first) -> silu(x[:, :I]) * x[:, I:]
+    [B, I] fp32, silu(g) = g / (1 + exp(-g)) (Shazeer 2020). avx2_fma / avx512_vnni evaluate exp with
+    a polynomial (Cephes expf, within 2 ulp of it), generic with std::exp: the engine's op-by-op path
+    and its decode stack call the same code, so both give the same bits. Raises ValueError on a wrong
+    dtype, rank or an odd width."""
+    return _run("plk_swiglu", x, _resolve(isa))[0]
 
 
 def quantize_activations_int8(x: paddle.Tensor, group: int = 0) -> tuple[paddle.Tensor, paddle.Tensor]:

@@ -71,4 +71,49 @@ struct DecodeAttnArgs {
 };
 void paged_decode_attention(Isa isa, const DecodeAttnArgs& a);
 
+// out [B, I] = silu(gu[:, :I]) * gu[:, I:] for gu [B, 2I] (activation.cc).
+void silu_mul(Isa isa, const float* gu, float* out, int64_t B, int64_t I);
+
+// ----------------------------------------------------------------- the decode stack (decode_stack.cc)
+// Plain-old-data layouts shared with Python's ctypes (cpu_kernels/decode_stack.py mirrors them field
+// for field: every integer is int64_t and every real a double, so no padding rule can differ).
+enum LinearKind : int64_t { kLinearF32 = 0, kLinearInt8 = 1, kLinearW8A8 = 2, kLinearInt4 = 3 };
+
+struct PlkLinear {
+  int64_t kind;        // LinearKind: f32 w [N, K]; int8 / w8a8 q [N, K] int8 + scale [N]; int4 q [N, ceil(K/2)] uint8 + scale [N, groups]
+  int64_t groups;      // int4 scale groups per row (1: per output channel)
+  const void* w;
+  const float* scale;  // null for f32
+  const float* bias;   // [N] or null
+  int64_t N, K;
+};
+
+struct PlkLayer {
+  const float* in_norm;    // [H]
+  const float* post_norm;  // [H]
+  const float* q_norm;     // [d] or null (Qwen3's per-head norms; both or neither)
+  const float* k_norm;
+  PlkLinear qkv, o, gate_up, down;  // [(nh + 2 kvh) d, H], [H, nh d], [2I, H] (gate rows first), [H, I]
+  float* k_cache;          // [kvh, S, d]
+  float* v_cache;
+};
+
+struct PlkDecodeStack {
+  int64_t isa;           // Isa
+  int64_t act_group;     // w8a8 activation group (0: per row)
+  int64_t B, H, I, nh, kvh, d, S, P, max_blocks, block_size, num_layers;
+  double eps, scale;     // RMSNorm epsilon; attention scale (cast to float as the per-op attributes are)
+  const float* embeddings;      // [B, H] the token embeddings (the residual stream's start)
+  const int64_t* positions;     // [B]
+  const float* cos;             // [P, d]
+  const float* sin;             // [P, d]
+  const int64_t* slots;         // [B] cache slot of each new token
+  const int32_t* block_tables;  // [B, max_blocks]
+  const int32_t* context_lens;  // [B] keys each sequence sees, the new token included
+  const float* final_norm;      // [H]
+  const PlkLayer* layers;       // [num_layers]
+  float* out;                   // [B, H] the final norm's output
+};
+void decode_stack(const PlkDecodeStack& a);
+
 }  // namespace plk

@@ -203,6 +203,17 @@ std::vector<Tensor> AddRmsNorm(const Tensor& x, const Tensor& residual, const Te
   return {y, s};
 }
 
+// --------------------------------------------------------------------------------------- SwiGLU
+std::vector<Tensor> SwiGlu(const Tensor& gu, const std::string& isa) {
+  plk::Isa i = parse_isa(isa);
+  check_tensor(gu, "x", DataType::FLOAT32, 2);
+  const int64_t B = gu.shape()[0], I2 = gu.shape()[1];
+  PD_CHECK(I2 % 2 == 0, "x must be [B, 2 * I] (gate columns, then up), got [", B, ", ", I2, "]");
+  Tensor out = paddle::empty({B, I2 / 2}, DataType::FLOAT32, paddle::CPUPlace());
+  plk::silu_mul(i, gu.data<float>(), out.data<float>(), B, I2 / 2);
+  return {out};
+}
+
 // ---------------------------------------------------------------------------- rotary + KV write
 void check_cache(const Tensor& c, const char* name, int64_t kvh, int64_t d) {
   check_tensor(c, name, DataType::FLOAT32, 3);
@@ -351,6 +362,8 @@ Shapes AddNormShape(const std::vector<int64_t>& x, const std::vector<int64_t>&, 
   return {x, x};
 }
 Dtypes AddNormDtype(const DataType&, const DataType&, const DataType&) { return {DataType::FLOAT32, DataType::FLOAT32}; }
+Shapes SwiGluShape(const std::vector<int64_t>& x, const std::string&) { return {{x[0], x[1] / 2}}; }
+Dtypes SwiGluDtype(const DataType&) { return {DataType::FLOAT32}; }
 Shapes RotaryShape(const std::vector<int64_t>& qkv, const std::vector<int64_t>&, const std::vector<int64_t>& cos,
                    const std::vector<int64_t>&, const std::vector<int64_t>& kc, const std::vector<int64_t>& vc,
                    const std::vector<int64_t>&, const paddle::optional<std::vector<int64_t>>&,
@@ -450,6 +463,14 @@ PD_BUILD_OP(plk_add_rms_norm)
     .SetKernelFn(PD_KERNEL(AddRmsNorm))
     .SetInferShapeFn(PD_INFER_SHAPE(AddNormShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(AddNormDtype));
+
+PD_BUILD_OP(plk_swiglu)
+    .Inputs({"X"})
+    .Outputs({"Out"})
+    .Attrs({"isa: std::string"})
+    .SetKernelFn(PD_KERNEL(SwiGlu))
+    .SetInferShapeFn(PD_INFER_SHAPE(SwiGluShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(SwiGluDtype));
 
 PD_BUILD_OP(plk_rotary_kv)
     .Inputs({"Qkv", "Positions", "Cos", "Sin", "KCache", "VCache", "SlotMapping", paddle::Optional("QNorm"),

@@ -1,0 +1,209 @@
+"""The decoder stack of a decode-only step in one C++ call (csrc/decode_stack.cc).
+
+At batch 1 a decoder layer is about nine small kernels; calling each from Python through Paddle's
+custom-op dispatch costs 10-40 us, ~6 ms per token on a 30-layer model: more than streaming its
+int8 weights takes (about 4 ms on these hosts). DecodeStack hands the same kernels a table of
+pointers once per step instead, through ctypes (which releases the GIL for the call: the Triton
+responder thread runs meanwhile). It runs the same kernel functions in the same order as the
+op-by-op path (the OpSet's rms_norm / linears / qkv_rotary_write / attention / swiglu), so hidden
+states and KV cache are bit-identical to it (tests/unit/test_cpu_decode_stack.py).
+
+It covers dense decoders on the C++ CPU kernels in fp32: layers of [add +] RMSNorm, fused qkv
+(biases optional), optional per-head q/k norms, rotary + paged KV write, paged decode attention,
+o, RMSNorm, fused gate_up, SwiGLU, down; linears all GemvLinear (batch <= GEMV_MAX_BATCH), all
+Int8Linear (<= GEMV_INT8_MAX_BATCH) or all Int4Linear (<= GEMV_INT4_MAX_BATCH). Steps with prompt
+tokens, larger batches, mixture-of-experts or tensor-parallel models keep the op-by-op path (the
+model decides; `build` returns None with the reason for linears it cannot take).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import paddle
+
+from paddle_llm_ops import cpu_kernels as ck
+
+_ISA_CODE = {"generic": 0, "avx2_fma": 1, "avx512_vnni": 2}
+_F32, _INT8, _W8A8, _INT4 = 0, 1, 2, 3
+_ERR_LEN = 512
+
+
+class _Linear(ctypes.Structure):
+    _fields_ = [("kind", ctypes.c_int64), ("groups", ctypes.c_int64), ("w", ctypes.c_void_p),
+                ("scale", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("N", ctypes.c_int64), ("K", ctypes.c_int64)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("in_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p), ("q_norm", ctypes.c_void_p),
+                ("k_norm", ctypes.c_void_p), ("qkv", _Linear), ("o", _Linear), ("gate_up", _Linear),
+                ("down", _Linear), ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p)]
+
+
+class _Args(ctypes.Structure):
+    _fields_ = [("isa", ctypes.c_int64), ("act_group", ctypes.c_int64)] + \
+               [(n, ctypes.c_int64) for n in ("B", "H", "I", "nh", "kvh", "d", "S", "P", "max_blocks", "block_size",
+                                             "num_layers")] + \
+               [("eps", ctypes.c_double), ("scale", ctypes.c_double)] + \
+               [(n, ctypes.c_void_p) for n in ("embeddings", "positions", "cos", "sin", "slots", "block_tables",
+                                               "context_lens", "final_norm", "layers", "out")]
+
+
+@dataclass(frozen=True)
+class StackLayer:
+    """One dense decoder layer as the model holds it: in_norm / post_norm [H] fp32, q_norm / k_norm
+    [d] fp32 or None, and the OpSet linears qkv [H -> (nh + 2 kvh) d], o [nh d -> H],
+    gate_up [H -> 2I] (gate first), down [I -> H]."""
+
+    in_norm: paddle.Tensor
+    post_norm: paddle.Tensor
+    q_norm: paddle.Tensor | None
+    k_norm: paddle.Tensor | None
+    qkv: object
+    o: object
+    gate_up: object
+    down: object
+
+
+def _ptr(t: paddle.Tensor | None, dtype, what: str) -> int | None:
+    if t is None:
+        return None
+    if t.dtype != dtype or not t.place.is_cpu_place() or not t.is_contiguous():
+        raise ValueError(f"decode stack: {what} must be a contiguous CPU {dtype} tensor, got {t.dtype} on {t.place}")
+    return t.data_ptr()
+
+
+def _linear(lin, n: int, k: int, what: str) -> tuple[_Linear, int] | str:
+    """(_Linear, the batch limit of its kernel), or why this linear cannot join the stack."""
+    from paddle_llm_ops.linear import GemvLinear, Int4Linear, Int8Linear
+
+    bias = _ptr(lin.bias, paddle.float32, f"{what} bias") if getattr(lin, "bias", None) is not None else None
+    if type(lin) is GemvLinear:
+        w, kind, groups, scale, limit = lin.weight, _F32, 1, None, ck.GEMV_MAX_BATCH
+        shape = [n, k]
+        wdt = paddle.float32
+    elif type(lin) is Int8Linear:
+        w, kind, groups, scale, limit = lin.qweight, _W8A8 if lin.activations == "int8" else _INT8, 1, lin.scale, \
+            ck.GEMV_INT8_MAX_BATCH
+        shape, wdt = [n, k], paddle.int8
+    elif type(lin) is Int4Linear:
+        w, kind, groups, scale, limit = lin.qweight, _INT4, lin.scale.shape[1], lin.scale, ck.GEMV_INT4_MAX_BATCH
+        shape, wdt = [n, (k + 1) // 2], paddle.uint8
+    else:
+        return f"{what} is a {type(lin).__name__} (the stack takes GemvLinear, Int8Linear, Int4Linear)"
+    if list(w.shape) != shape:
+        return f"{what} weight is {list(w.shape)}, expected {shape}"
+    return _Linear(kind, groups, _ptr(w, wdt, f"{what} weight"), _ptr(scale, paddle.float32, f"{what} scale"), bias,
+                   n, k), limit
+
+
+class DecodeStack:
+    """Runs every decoder layer and the final norm of a decode-only step in one C++ call.
+
+    Built by `build` (None where a layer's linears are not all of one supported kind); then
+    run(h [B, H] fp32 embeddings, positions [B] int64, cos / sin [P, d] fp32 rotary tables,
+    slot_mapping [B] int64, block_tables [B, max_blocks] int32, context_lens [B] int32 (keys per
+    sequence, this step's included), kv_caches [(k [kvh, S, d], v) fp32 per layer]) -> [B, H] fp32,
+    the final RMSNorm's output, with this step's keys and values written into the caches; None
+    when B exceeds the kernels' batch limit (`max_batch`: the caller runs the op-by-op path).
+    Raises ValueError (nothing written) for out-of-range positions, slots or block ids, or
+    tensors of the wrong dtype, place or layout."""
+
+    def __init__(self, isa: str, block_size: int, layers: list[_Layer], keep: list, final_norm: paddle.Tensor,
+                 hidden: int, intermediate: int, num_heads: int, num_kv_heads: int, head_dim: int, eps: float,
+                 scale: float, max_batch: int, kind: str):
+        self.max_batch = max_batch
+        self.kind = kind
+        self._keep = keep  # the tensors whose addresses the table holds
+        self._layers = (_Layer * len(layers))(*layers)
+        self._final_norm = final_norm
+        self._caches = None
+        self._args = _Args(isa=_ISA_CODE[isa], act_group=ck.W8A8_GROUP, H=hidden, I=intermediate, nh=num_heads,
+                           kvh=num_kv_heads, d=head_dim, block_size=block_size, num_layers=len(layers), eps=eps,
+                           scale=scale, final_norm=_ptr(final_norm, paddle.float32, "final norm"),
+                           layers=ctypes.cast(self._layers, ctypes.c_void_p))
+        self._fn = ck.c_library().plk_decode_stack
+        self._fn.argtypes = [ctypes.POINTER(_Args), ctypes.c_char_p, ctypes.c_int64]
+        self._fn.restype = ctypes.c_int
+        self._err = ctypes.create_string_buffer(_ERR_LEN)
+
+    @classmethod
+    def build(cls, isa: str, block_size: int, layers: list[StackLayer], final_norm: paddle.Tensor, hidden: int,
+              intermediate: int, num_heads: int, num_kv_heads: int, head_dim: int, eps: float,
+              scale: float) -> tuple[DecodeStack | None, str]:
+        """(the stack, a one-line description) or (None, why not)."""
+        if isa not in _ISA_CODE:
+            return None, f"unknown isa {isa!r}"
+        keep, table, limits, kinds = [], [], [], set()
+        qkv_n = (num_heads + 2 * num_kv_heads) * head_dim
+        for i, lay in enumerate(layers):
+            lins = {}
+            for name, lin, n, k in (("qkv", lay.qkv, qkv_n, hidden), ("o", lay.o, hidden, num_heads * head_dim),
+                                    ("gate_up", lay.gate_up, 2 * intermediate, hidden),
+                                    ("down", lay.down, hidden, intermediate)):
+                got = _linear(lin, n, k, f"layer {i} {name}")
+                if isinstance(got, str):
+                    return None, got
+                lins[name], limit = got
+                limits.append(limit)
+                kinds.add(int(got[0].kind))
+                keep.append(lin)
+            if (lay.q_norm is None) != (lay.k_norm is None):
+                return None, f"layer {i}: q_norm and k_norm must both be given or neither"
+            table.append(_Layer(in_norm=_ptr(lay.in_norm, paddle.float32, f"layer {i} in_norm"),
+                                post_norm=_ptr(lay.post_norm, paddle.float32, f"layer {i} post_norm"),
+                                q_norm=_ptr(lay.q_norm, paddle.float32, f"layer {i} q_norm"),
+                                k_norm=_ptr(lay.k_norm, paddle.float32, f"layer {i} k_norm"), **lins))
+            keep.append(lay)
+        if len(kinds) != 1:
+            return None, f"linears of mixed kinds {sorted(kinds)}"
+        kind = {_F32: "fp32 GEMV", _INT8: "int8 GEMV", _W8A8: "int8 x int8 GEMV", _INT4: "int4 GEMV"}[kinds.pop()]
+        stack = cls(isa, block_size, table, keep, final_norm, hidden, intermediate, num_heads, num_kv_heads,
+                    head_dim, eps, scale, min(limits), kind)
+        return stack, f"{len(layers)} layers ({kind}, {isa}) in one call for decode-only steps of up to {min(limits)} sequences"
+
+    def _bind_caches(self, kv_caches) -> None:
+        a = self._args
+        s = None
+        for i, (k, v) in enumerate(kv_caches):
+            for c, what in ((k, "k"), (v, "v")):
+                if list(c.shape[::2]) != [a.kvh, a.d] or (s is not None and c.shape[1] != s):
+                    raise ValueError(f"decode stack: layer {i} {what} cache is {list(c.shape)}, expected "
+                                     f"[{a.kvh}, slots, {a.d}] with the same slots in every layer")
+                s = c.shape[1]
+            self._layers[i].k_cache = _ptr(k, paddle.float32, f"layer {i} k cache")
+            self._layers[i].v_cache = _ptr(v, paddle.float32, f"layer {i} v cache")
+        if len(kv_caches) != a.num_layers:
+            raise ValueError(f"decode stack: {len(kv_caches)} caches for {a.num_layers} layers")
+        a.S = s
+        self._caches = kv_caches
+
+    def run(self, h: paddle.Tensor, positions: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor,
+            slot_mapping: paddle.Tensor, block_tables: paddle.Tensor, context_lens: paddle.Tensor,
+            kv_caches) -> paddle.Tensor | None:
+        b = h.shape[0]
+        if b > self.max_batch:
+            return None
+        if kv_caches is not self._caches:
+            self._bind_caches(kv_caches)
+        a = self._args
+        if list(h.shape) != [b, a.H] or list(positions.shape) != [b] or list(slot_mapping.shape) != [b] \
+                or list(context_lens.shape) != [b] or block_tables.shape[0] != b or list(cos.shape) != list(sin.shape) \
+                or cos.shape[1] != a.d:
+            raise ValueError(f"decode stack: inconsistent shapes h {list(h.shape)}, positions {list(positions.shape)}, "
+                             f"slot_mapping {list(slot_mapping.shape)}, block_tables {list(block_tables.shape)}, "
+                             f"context_lens {list(context_lens.shape)}, cos {list(cos.shape)}, sin {list(sin.shape)}")
+        out = paddle.empty([b, a.H], dtype="float32")
+        a.B, a.P, a.max_blocks = b, cos.shape[0], block_tables.shape[1]
+        a.embeddings = _ptr(h, paddle.float32, "h")
+        a.positions = _ptr(positions, paddle.int64, "positions")
+        a.cos = _ptr(cos, paddle.float32, "cos")
+        a.sin = _ptr(sin, paddle.float32, "sin")
+        a.slots = _ptr(slot_mapping, paddle.int64, "slot_mapping")
+        a.block_tables = _ptr(block_tables, paddle.int32, "block_tables")
+        a.context_lens = _ptr(context_lens, paddle.int32, "context_lens")
+        a.out = out.data_ptr()
+        if self._fn(ctypes.byref(a), self._err, _ERR_LEN) != 0:
+            raise ValueError(f"decode stack: {self._err.value.decode(errors='replace')}")
+        return out

@@ -1,0 +1,207 @@
+"""The decode stack (paddle_llm_ops.cpu_kernels.decode_stack): the whole decoder of a decode-only
+step in one C++ call, and the SwiGLU kernel it shares with the op-by-op path.
+
+The reference for the stack is the op-by-op path of the same model on the same kernels: the stack
+calls the same functions in the same order, so its hidden states and the KV it writes must be equal
+bit for bit, for every linear kind (fp32 GEMV, wint8 int8 x int8 / weight-only int8, wint4), with
+q/k biases (Qwen2) and per-head q/k norms (Qwen3), on every isa this host runs. The SwiGLU kernel is
+checked against float64 numpy. Correctness against HF transformers is checked where the engines run
+(tests/model: every family's logits and tokens, with the stack on, as the engine runs it).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import paddle
+import pytest
+
+import paddle_llm_ops.cpu_kernels as ck
+from paddle_llm_engine.config import ModelConfig
+from paddle_llm_engine.models import build_model
+from paddle_llm_engine.models.attention_metadata import AttentionMetadata
+from paddle_llm_ops import build_opset
+from test_cpu_kernels import ISA_PARAMS
+
+REF_DIR = Path(__file__).resolve().parents[1] / "reference"
+if str(REF_DIR) not in sys.path:
+    sys.path.insert(0, str(REF_DIR))
+
+import tiny_checkpoints as tc  # noqa: E402
+
+BLOCK = 16
+NUM_BLOCKS = 64
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _kernels():
+    paddle.set_device("cpu")
+    ck.load()
+    yield
+    ck.set_num_threads(0)
+
+
+# --------------------------------------------------------------------------------------- SwiGLU
+@pytest.mark.parametrize("isa", ISA_PARAMS)
+@pytest.mark.parametrize("rows,inter", [(1, 37), (3, 128), (17, 1536)])
+def test_swiglu_matches_float64(isa, rows, inter):
+    rng = np.random.default_rng(rows * 1000 + inter)
+    x = (rng.standard_normal((rows, 2 * inter)) * 6).astype(np.float32)
+    x[0, :4] = [-100.0, 100.0, 0.0, -0.0]  # saturated gates and zeros
+    g, u = x[:, :inter].astype(np.float64), x[:, inter:].astype(np.float64)
+    ref = g / (1.0 + np.exp(-g)) * u
+    got = ck.swiglu(paddle.to_tensor(x), isa).numpy()
+    assert got.shape == (rows, inter) and got.dtype == np.float32
+    rel = np.abs(got - ref) / np.maximum(np.abs(ref), 1e-30)  # silu(-100) is an fp32 subnormal
+    assert rel.max() < 5e-7, f"max relative error {rel.max():.2e} (expected a few fp32 ulp)"
+
+
+@pytest.mark.parametrize("isa", ISA_PARAMS)
+def test_swiglu_propagates_nan_and_refuses_an_odd_width(isa):
+    x = np.ones((1, 16), np.float32)
+    x[0, 3] = np.nan
+    got = ck.swiglu(paddle.to_tensor(x), isa).numpy()
+    assert np.isnan(got[0, 3]) and np.isfinite(np.delete(got[0], 3)).all()
+    with pytest.raises(ValueError, match="2 \\* I"):
+        ck.swiglu(paddle.to_tensor(np.ones((2, 15), np.float32)), isa)
+
+
+# ---------------------------------------------------------------------------------- the stack
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    return {name: str(tc.make_checkpoint(name, tmp_path_factory.mktemp(f"stack_{name}")))
+            for name in ("llama_untied", "qwen2", "qwen3")}
+
+
+def load(model_dir: str, isa: str, quantization: str = ""):
+    ops = build_opset(cpu_isa=isa, quantization=quantization, block_size=BLOCK)
+    model = build_model(ModelConfig.from_dir(model_dir), ops)
+    model.load_weights(model_dir)
+    return model
+
+
+def caches(model, rng) -> list[tuple[paddle.Tensor, paddle.Tensor]]:
+    """Per layer (k, v) [kvh, NUM_BLOCKS * BLOCK, d] filled with random keys and values: the context
+    the step's queries attend to."""
+    shape = (model.num_kv_heads, NUM_BLOCKS * BLOCK, model.head_dim)
+    return [(paddle.to_tensor(rng.standard_normal(shape).astype(np.float32)),
+             paddle.to_tensor(rng.standard_normal(shape).astype(np.float32))) for _ in model.layers]
+
+
+def decode_step(context_lens: list[int], rng):
+    """A decode-only step for sequences with these context lengths (this step's token included):
+    each sequence's blocks are distinct random blocks; its new token sits at position len - 1."""
+    b = len(context_lens)
+    max_blocks = max(-(-n // BLOCK) for n in context_lens)
+    perm = rng.permutation(NUM_BLOCKS)
+    tables = np.zeros((b, max_blocks), np.int32)
+    used = 0
+    for i, n in enumerate(context_lens):
+        k = -(-n // BLOCK)
+        tables[i, :k] = perm[used:used + k]
+        used += k
+    assert used <= NUM_BLOCKS
+    positions = np.array([n - 1 for n in context_lens], np.int64)
+    slots = np.array([tables[i, p // BLOCK] * BLOCK + p % BLOCK for i, p in enumerate(positions)], np.int64)
+    meta = AttentionMetadata(slot_mapping=paddle.to_tensor(slots), num_decodes=b,
+                             decode_block_tables=paddle.to_tensor(tables),
+                             decode_context_lens=paddle.to_tensor(np.array(context_lens, np.int32)))
+    ids = paddle.to_tensor(rng.integers(3, tc.VOCAB, size=b).astype(np.int64))
+    return ids, paddle.to_tensor(positions), meta
+
+
+def run_both(model, context_lens, seed=0):
+    """(stack output, op-by-op output, stack caches, op-by-op caches) for one decode step on equal
+    starting caches."""
+    rng = np.random.default_rng(seed)
+    ids, positions, meta = decode_step(context_lens, rng)
+    kv = caches(model, rng)
+    kv_ref = [(k.clone(), v.clone()) for k, v in kv]
+    stack = model.decode_stack
+    assert stack is not None, model.decode_stack_info
+    out = model.forward(ids, positions, meta, kv).numpy()
+    model.decode_stack = None
+    try:
+        ref = model.forward(ids, positions, meta, kv_ref).numpy()
+    finally:
+        model.decode_stack = stack
+    return out, ref, kv, kv_ref
+
+
+@pytest.mark.parametrize("isa", ISA_PARAMS)
+@pytest.mark.parametrize("family", ["llama_untied", "qwen2", "qwen3"])
+@pytest.mark.parametrize("quantization", ["", "wint8", "wint4"])
+def test_stack_bit_identical_to_op_by_op(checkpoints, isa, family, quantization):
+    model = load(checkpoints[family], isa, quantization)
+    calls = []
+    real_run = model.decode_stack.run
+    model.decode_stack.run = lambda *a, **k: calls.append(1) or real_run(*a, **k)
+    out, ref, kv, kv_ref = run_both(model, [1, 17, 40, 33, 64])
+    assert calls, "the forward did not take the decode stack"
+    assert out.shape == ref.shape and np.isfinite(ref).all() and np.abs(ref).max() > 0.1
+    np.testing.assert_array_equal(out, ref)
+    for (k, v), (k_ref, v_ref) in zip(kv, kv_ref):
+        np.testing.assert_array_equal(k.numpy(), k_ref.numpy())
+        np.testing.assert_array_equal(v.numpy(), v_ref.numpy())
+
+
+def test_stack_describes_itself_and_is_off_where_it_does_not_apply(checkpoints):
+    isa = ck.supported_isas()[0]
+    model = load(checkpoints["qwen3"], isa, "wint8")
+    assert model.decode_stack is not None
+    assert "one call" in model.decode_stack_info and isa in model.decode_stack_info
+    composed = load_composed(checkpoints["qwen3"])
+    assert composed.decode_stack is None and composed.decode_stack_info.startswith("off (the OpSet has none")
+    moe_dir = str(tc.make_checkpoint("qwen3_moe", Path(checkpoints["qwen3"]).parent / "moe"))
+    moe = load(moe_dir, isa)
+    assert moe.decode_stack is None and moe.decode_stack_info == "off (a layer's MLP is not the dense SwiGLU MLP)"
+
+    class Sharded(type(model)):  # tensor parallel's shape: its own reduce of row-parallel outputs
+        def reduce_partial(self, x):
+            return x
+
+    ops = build_opset(cpu_isa=isa, block_size=BLOCK)
+    tp = Sharded(ModelConfig.from_dir(checkpoints["qwen3"]), ops)
+    tp.load_weights(checkpoints["qwen3"])
+    assert tp.decode_stack is None and tp.decode_stack_info == "off (Sharded overrides reduce_partial)"
+
+
+def load_composed(model_dir: str):
+    model = build_model(ModelConfig.from_dir(model_dir))
+    model.load_weights(model_dir)
+    return model
+
+
+def test_batch_above_the_limit_takes_the_op_by_op_path(checkpoints):
+    model = load(checkpoints["llama_untied"], ck.supported_isas()[0])  # fp32: GEMV_MAX_BATCH
+    lens = [5 + 3 * i for i in range(ck.GEMV_MAX_BATCH + 1)]
+    out, ref, _, _ = run_both(model, lens)
+    assert model.decode_stack.max_batch == ck.GEMV_MAX_BATCH
+    np.testing.assert_array_equal(out, ref)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("slot", 10_000, "slot_mapping\\[1\\] = 10000 outside the cache"),
+    ("block", 99, "block_tables\\[1, 0\\] = 99 outside the cache's blocks"),
+    ("len", 1000, "context_lens\\[1\\] = 1000 outside"),
+])
+def test_stack_refuses_out_of_range_indices_and_writes_nothing(checkpoints, field, value, message):
+    model = load(checkpoints["llama_untied"], ck.supported_isas()[0], "wint8")
+    rng = np.random.default_rng(5)
+    ids, positions, meta = decode_step([3, 20], rng)
+    if field == "slot":
+        meta.slot_mapping = paddle.to_tensor(np.array([meta.slot_mapping.numpy()[0], value], np.int64))
+    elif field == "block":
+        t = meta.decode_block_tables.numpy().copy()
+        t[1, 0] = value
+        meta.decode_block_tables = paddle.to_tensor(t)
+    else:
+        meta.decode_context_lens = paddle.to_tensor(np.array([3, value], np.int32))
+    kv = caches(model, rng)
+    before = [k.numpy().copy() for k, _ in kv]
+    with pytest.raises(ValueError, match=message):
+        model.forward(ids, positions, meta, kv)
+    for (k, _), b in zip(kv, before):
+        np.testing.assert_array_equal(k.numpy(), b)
