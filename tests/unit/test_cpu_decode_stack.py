@@ -82,27 +82,27 @@ def load(model_dir: str, isa: str, quantization: str = ""):
     return model
 
 
-def caches(model, rng) -> list[tuple[paddle.Tensor, paddle.Tensor]]:
+def caches(model, rng, num_blocks: int = NUM_BLOCKS) -> list[tuple[paddle.Tensor, paddle.Tensor]]:
     """Per layer (k, v) [kvh, NUM_BLOCKS * BLOCK, d] filled with random keys and values: the context
     the step's queries attend to."""
-    shape = (model.num_kv_heads, NUM_BLOCKS * BLOCK, model.head_dim)
+    shape = (model.num_kv_heads, num_blocks * BLOCK, model.head_dim)
     return [(paddle.to_tensor(rng.standard_normal(shape).astype(np.float32)),
              paddle.to_tensor(rng.standard_normal(shape).astype(np.float32))) for _ in model.layers]
 
 
-def decode_step(context_lens: list[int], rng):
+def decode_step(context_lens: list[int], rng, num_blocks: int = NUM_BLOCKS):
     """A decode-only step for sequences with these context lengths (this step's token included):
     each sequence's blocks are distinct random blocks; its new token sits at position len - 1."""
     b = len(context_lens)
     max_blocks = max(-(-n // BLOCK) for n in context_lens)
-    perm = rng.permutation(NUM_BLOCKS)
+    perm = rng.permutation(num_blocks)
     tables = np.zeros((b, max_blocks), np.int32)
     used = 0
     for i, n in enumerate(context_lens):
         k = -(-n // BLOCK)
         tables[i, :k] = perm[used:used + k]
         used += k
-    assert used <= NUM_BLOCKS
+    assert used <= num_blocks
     positions = np.array([n - 1 for n in context_lens], np.int64)
     slots = np.array([tables[i, p // BLOCK] * BLOCK + p % BLOCK for i, p in enumerate(positions)], np.int64)
     meta = AttentionMetadata(slot_mapping=paddle.to_tensor(slots), num_decodes=b,
@@ -112,12 +112,12 @@ def decode_step(context_lens: list[int], rng):
     return ids, paddle.to_tensor(positions), meta
 
 
-def run_both(model, context_lens, seed=0):
+def run_both(model, context_lens, seed=0, num_blocks: int = NUM_BLOCKS):
     """(stack output, op-by-op output, stack caches, op-by-op caches) for one decode step on equal
     starting caches."""
     rng = np.random.default_rng(seed)
-    ids, positions, meta = decode_step(context_lens, rng)
-    kv = caches(model, rng)
+    ids, positions, meta = decode_step(context_lens, rng, num_blocks)
+    kv = caches(model, rng, num_blocks)
     kv_ref = [(k.clone(), v.clone()) for k, v in kv]
     stack = model.decode_stack
     assert stack is not None, model.decode_stack_info
@@ -174,11 +174,24 @@ def load_composed(model_dir: str):
     return model
 
 
-def test_batch_above_the_limit_takes_the_op_by_op_path(checkpoints):
-    model = load(checkpoints["llama_untied"], ck.supported_isas()[0])  # fp32: GEMV_MAX_BATCH
-    lens = [5 + 3 * i for i in range(ck.GEMV_MAX_BATCH + 1)]
-    out, ref, _, _ = run_both(model, lens)
-    assert model.decode_stack.max_batch == ck.GEMV_MAX_BATCH
+def test_fp32_batches_above_the_gemv_limit_run_mkl_sgemm_bit_identical(checkpoints):
+    # above GEMV_MAX_BATCH rows the op-by-op path calls paddle.matmul; the stack calls the same MKL
+    # cblas_sgemm directly (a batch of 32 streams stays on the stack)
+    model = load(checkpoints["qwen2"], ck.supported_isas()[0])  # fp32, with q/k/v biases
+    assert model.decode_stack.max_batch > 32, "cblas_sgemm not found in the paddle wheel"
+    out, ref, kv, kv_ref = run_both(model, [5 + 3 * i for i in range(ck.GEMV_MAX_BATCH + 17)], num_blocks=160)
+    np.testing.assert_array_equal(out, ref)
+    np.testing.assert_array_equal(kv[-1][0].numpy(), kv_ref[-1][0].numpy())
+
+
+def test_int8_batch_above_the_kernel_limit_takes_the_op_by_op_path(checkpoints):
+    model = load(checkpoints["llama_untied"], ck.supported_isas()[0], "wint8")
+    assert model.decode_stack.max_batch == ck.GEMV_INT8_MAX_BATCH
+    calls = []
+    real_run = model.decode_stack.run
+    model.decode_stack.run = lambda *a, **k: calls.append(real_run(*a, **k)) or calls[-1]
+    out, ref, _, _ = run_both(model, [5 + i for i in range(ck.GEMV_INT8_MAX_BATCH + 1)], num_blocks=256)
+    assert calls == [None], "the stack declines (returns None) above its limit"
     np.testing.assert_array_equal(out, ref)
 
 

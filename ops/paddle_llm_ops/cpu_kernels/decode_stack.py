@@ -10,7 +10,8 @@ states and KV cache are bit-identical to it (tests/unit/test_cpu_decode_stack.py
 
 It covers dense decoders on the C++ CPU kernels in fp32: layers of [add +] RMSNorm, fused qkv
 (biases optional), optional per-head q/k norms, rotary + paged KV write, paged decode attention,
-o, RMSNorm, fused gate_up, SwiGLU, down; linears all GemvLinear (batch <= GEMV_MAX_BATCH), all
+o, RMSNorm, fused gate_up, SwiGLU, down; linears all GemvLinear (the GEMV up to GEMV_MAX_BATCH rows,
+then MKL's cblas_sgemm as paddle.matmul, up to FP32_SGEMM_MAX_BATCH), all
 Int8Linear (<= GEMV_INT8_MAX_BATCH) or all Int4Linear (<= GEMV_INT4_MAX_BATCH). Steps with prompt
 tokens, larger batches, mixture-of-experts or tensor-parallel models keep the op-by-op path (the
 model decides; `build` returns None with the reason for linears it cannot take).
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
+from pathlib import Path
 
 import paddle
 
@@ -47,7 +49,8 @@ class _Args(ctypes.Structure):
                                              "num_layers")] + \
                [("eps", ctypes.c_double), ("scale", ctypes.c_double)] + \
                [(n, ctypes.c_void_p) for n in ("embeddings", "positions", "cos", "sin", "slots", "block_tables",
-                                               "context_lens", "final_norm", "layers", "out")]
+                                               "context_lens", "final_norm", "layers", "out")] + \
+               [("sgemm", ctypes.c_void_p), ("gemv_max_batch", ctypes.c_int64)]
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,22 @@ class StackLayer:
     down: object
 
 
+# fp32 decode batches above GEMV_MAX_BATCH: MKL's cblas_sgemm, the routine paddle.matmul calls on the
+# CPU (its results equal the op-by-op path's bit for bit); a bound on the stack's scratch only.
+FP32_SGEMM_MAX_BATCH = 1024
+
+
+def _mkl_sgemm() -> int | None:
+    """Address of cblas_sgemm in the libmklml_intel.so the paddle wheel ships, or None without it."""
+    lib = Path(paddle.__file__).resolve().parent / "libs" / "libmklml_intel.so"
+    if not lib.is_file():
+        return None
+    try:
+        return ctypes.cast(ctypes.CDLL(str(lib)).cblas_sgemm, ctypes.c_void_p).value
+    except (OSError, AttributeError):
+        return None
+
+
 def _ptr(t: paddle.Tensor | None, dtype, what: str) -> int | None:
     if t is None:
         return None
@@ -74,13 +93,14 @@ def _ptr(t: paddle.Tensor | None, dtype, what: str) -> int | None:
     return t.data_ptr()
 
 
-def _linear(lin, n: int, k: int, what: str) -> tuple[_Linear, int] | str:
+def _linear(lin, n: int, k: int, what: str, sgemm: int | None) -> tuple[_Linear, int] | str:
     """(_Linear, the batch limit of its kernel), or why this linear cannot join the stack."""
     from paddle_llm_ops.linear import GemvLinear, Int4Linear, Int8Linear
 
     bias = _ptr(lin.bias, paddle.float32, f"{what} bias") if getattr(lin, "bias", None) is not None else None
     if type(lin) is GemvLinear:
-        w, kind, groups, scale, limit = lin.weight, _F32, 1, None, ck.GEMV_MAX_BATCH
+        w, kind, groups, scale = lin.weight, _F32, 1, None
+        limit = FP32_SGEMM_MAX_BATCH if sgemm else ck.GEMV_MAX_BATCH
         shape = [n, k]
         wdt = paddle.float32
     elif type(lin) is Int8Linear:
@@ -112,7 +132,7 @@ class DecodeStack:
 
     def __init__(self, isa: str, block_size: int, layers: list[_Layer], keep: list, final_norm: paddle.Tensor,
                  hidden: int, intermediate: int, num_heads: int, num_kv_heads: int, head_dim: int, eps: float,
-                 scale: float, max_batch: int, kind: str):
+                 scale: float, max_batch: int, kind: str, sgemm: int | None = None):
         self.max_batch = max_batch
         self.kind = kind
         self._keep = keep  # the tensors whose addresses the table holds
@@ -122,7 +142,8 @@ class DecodeStack:
         self._args = _Args(isa=_ISA_CODE[isa], act_group=ck.W8A8_GROUP, H=hidden, I=intermediate, nh=num_heads,
                            kvh=num_kv_heads, d=head_dim, block_size=block_size, num_layers=len(layers), eps=eps,
                            scale=scale, final_norm=_ptr(final_norm, paddle.float32, "final norm"),
-                           layers=ctypes.cast(self._layers, ctypes.c_void_p))
+                           layers=ctypes.cast(self._layers, ctypes.c_void_p), sgemm=sgemm,
+                           gemv_max_batch=ck.GEMV_MAX_BATCH)
         self._fn = ck.c_library().plk_decode_stack
         self._fn.argtypes = [ctypes.POINTER(_Args), ctypes.c_char_p, ctypes.c_int64]
         self._fn.restype = ctypes.c_int
@@ -136,13 +157,14 @@ class DecodeStack:
         if isa not in _ISA_CODE:
             return None, f"unknown isa {isa!r}"
         keep, table, limits, kinds = [], [], [], set()
+        sgemm = _mkl_sgemm()
         qkv_n = (num_heads + 2 * num_kv_heads) * head_dim
         for i, lay in enumerate(layers):
             lins = {}
             for name, lin, n, k in (("qkv", lay.qkv, qkv_n, hidden), ("o", lay.o, hidden, num_heads * head_dim),
                                     ("gate_up", lay.gate_up, 2 * intermediate, hidden),
                                     ("down", lay.down, hidden, intermediate)):
-                got = _linear(lin, n, k, f"layer {i} {name}")
+                got = _linear(lin, n, k, f"layer {i} {name}", sgemm)
                 if isinstance(got, str):
                     return None, got
                 lins[name], limit = got
@@ -160,7 +182,7 @@ class DecodeStack:
             return None, f"linears of mixed kinds {sorted(kinds)}"
         kind = {_F32: "fp32 GEMV", _INT8: "int8 GEMV", _W8A8: "int8 x int8 GEMV", _INT4: "int4 GEMV"}[kinds.pop()]
         stack = cls(isa, block_size, table, keep, final_norm, hidden, intermediate, num_heads, num_kv_heads,
-                    head_dim, eps, scale, min(limits), kind)
+                    head_dim, eps, scale, min(limits), kind, sgemm)
         return stack, f"{len(layers)} layers ({kind}, {isa}) in one call for decode-only steps of up to {min(limits)} sequences"
 
     def _bind_caches(self, kv_caches) -> None:

@@ -21,10 +21,23 @@ namespace {
 
 int64_t act_group_for(int64_t group, int64_t K) { return (group <= 0 || group >= K) ? K : group; }
 
-void run_linear(Isa isa, const PlkLinear& l, const float* x, float* y, int64_t B, int64_t act_group) {
+// CBLAS's sgemm (row-major 101, no-trans 111, trans 112; MKL's LP64 ints).
+typedef void (*SgemmFn)(int, int, int, int, int, int, float, const float*, int, const float*, int, float, float*, int);
+
+void run_linear(Isa isa, const PlkLinear& l, const float* x, float* y, int64_t B, int64_t act_group,
+                const PlkDecodeStack& a) {
   switch (l.kind) {
     case kLinearF32:
-      gemv_f32(isa, x, static_cast<const float*>(l.w), l.bias, y, B, l.N, l.K);
+      if (a.sgemm && B > a.gemv_max_batch) {  // as paddle.matmul(x, w, transpose_y=True) (+ bias)
+        reinterpret_cast<SgemmFn>(const_cast<void*>(a.sgemm))(
+            101, 111, 112, static_cast<int>(B), static_cast<int>(l.N), static_cast<int>(l.K), 1.0f, x,
+            static_cast<int>(l.K), static_cast<const float*>(l.w), static_cast<int>(l.K), 0.0f, y, static_cast<int>(l.N));
+        if (l.bias)
+          for (int64_t b = 0; b < B; ++b)
+            for (int64_t n = 0; n < l.N; ++n) y[b * l.N + n] += l.bias[n];
+      } else {
+        gemv_f32(isa, x, static_cast<const float*>(l.w), l.bias, y, B, l.N, l.K);
+      }
       break;
     case kLinearInt8:
       gemv_int8(isa, x, static_cast<const int8_t*>(l.w), l.scale, l.bias, y, B, l.N, l.K);
@@ -177,7 +190,7 @@ void decode_stack(const PlkDecodeStack& a) {
       rms_norm(isa, proj, h, l.in_norm, eps, normed, h, B, H);
     else
       rms_norm(isa, h, nullptr, l.in_norm, eps, normed, nullptr, B, H);
-    run_linear(isa, l.qkv, normed, qkv, B, a.act_group);
+    run_linear(isa, l.qkv, normed, qkv, B, a.act_group, a);
     r.q_norm = l.q_norm;
     r.k_norm = l.k_norm;
     r.k_cache = l.k_cache;
@@ -186,11 +199,11 @@ void decode_stack(const PlkDecodeStack& a) {
     at.k_cache = l.k_cache;
     at.v_cache = l.v_cache;
     paged_decode_attention(isa, at);
-    run_linear(isa, l.o, attn, proj, B, a.act_group);
+    run_linear(isa, l.o, attn, proj, B, a.act_group, a);
     rms_norm(isa, proj, h, l.post_norm, eps, normed, h, B, H);
-    run_linear(isa, l.gate_up, normed, gu, B, a.act_group);
+    run_linear(isa, l.gate_up, normed, gu, B, a.act_group, a);
     silu_mul(isa, gu, act, B, I);
-    run_linear(isa, l.down, act, proj, B, a.act_group);
+    run_linear(isa, l.down, act, proj, B, a.act_group, a);
     have_delta = true;
   }
   rms_norm(isa, proj, h, a.final_norm, eps, a.out, x, B, H);

@@ -113,6 +113,10 @@ struct PlkDecodeStack {
   const float* final_norm;      // [H]
   const PlkLayer* layers;       // [num_layers]
   float* out;                   // [B, H] the final norm's output
+  // fp32 linears above gemv_max_batch rows: cblas_sgemm (MKL's, the one Paddle's matmul calls, so
+  // the result equals the op-by-op path's paddle.matmul); null: the GEMV at any batch.
+  const void* sgemm;
+  int64_t gemv_max_batch;
 };
 void decode_stack(const PlkDecodeStack& a);
 
