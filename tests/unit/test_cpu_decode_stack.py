@@ -54,8 +54,10 @@ def test_swiglu_matches_float64(isa, rows, inter):
     ref = g / (1.0 + np.exp(-g)) * u
     got = ck.swiglu(paddle.to_tensor(x), isa).numpy()
     assert got.shape == (rows, inter) and got.dtype == np.float32
-    rel = np.abs(got - ref) / np.maximum(np.abs(ref), 1e-30)  # silu(-100) is an fp32 subnormal
-    assert rel.max() < 5e-7, f"max relative error {rel.max():.2e} (expected a few fp32 ulp)"
+    # a few fp32 ulp; below 1e-30 (a gate under -70: exp256 clamps its argument at 88.38) any tiny
+    # value is right
+    bad = np.abs(got - ref) > 5e-7 * np.abs(ref) + 1e-30
+    assert not bad.any(), f"{bad.sum()} values off, e.g. got {got[bad][:3]} for {ref[bad][:3]}"
 
 
 @pytest.mark.parametrize("isa", ISA_PARAMS)
