@@ -51,6 +51,14 @@ def _norm_parts(ck, rng, isa: str) -> dict[str, tuple[float, float]]:
     return out
 
 
+def _swiglu_parts(ck, rng, isa: str) -> dict[str, tuple[float, float]]:
+    """SwiGLU (the op-by-op path's and the decode stack's) against Paddle's F.swiglu."""
+    import paddle.nn.functional as F
+
+    gu = random_array(rng, (5, 2 * 136)) * 4
+    return {"swiglu": difference(ck.swiglu(_t(gu), isa), F.swiglu(_t(gu)))}
+
+
 def _linear_parts(ck, rng, isa: str) -> dict[str, tuple[float, float]]:
     """fp32 GEMV and int8 quantization + GEMV at decode batch sizes (1, 5, the GEMV limit)."""
     n, k = 72, 203
@@ -230,7 +238,8 @@ def check_cpu_kernels(dtype: str, isa: str = "generic") -> tuple[float, float, s
     ck.load()
     rng = np.random.default_rng(20261202)
     with paddle.no_grad():
-        parts = {**_norm_parts(ck, rng, isa), **_linear_parts(ck, rng, isa), **_rotary_parts(ck, rng, isa),
+        parts = {**_norm_parts(ck, rng, isa), **_swiglu_parts(ck, rng, isa), **_linear_parts(ck, rng, isa),
+                 **_rotary_parts(ck, rng, isa),
                  **_decode_parts(ck, rng, isa)}
     return worst(parts)
 
