@@ -372,18 +372,25 @@ class EnsemblePipeline:
     # -- cancellation -----------------------------------------------------------------------------
     def _watch(self) -> None:
         while not self._stopping.wait(self.poll_s):
-            with self._lock:
-                flights = list(self._flights.values())
-            for client in {id(f.client): f.client for f in flights}.values():
-                try:
-                    if client.poll_cancelled():
-                        log.info("%s: request %r cancelled by the client: aborting its engine request(s) %s",
-                                 self.name, client.client_id, ", ".join(f.inner_id for f in client.flights))
-                        for f in client.flights:
-                            if not f.ended:
-                                self._stop_flight(f)
-                except Exception:
-                    log.exception("cancellation check failed")
+            self._sweep()
+
+    def _sweep(self) -> None:
+        """One cancellation check of every client request in flight. A method of its own so that
+        its locals die when it returns: a loop variable left bound in the watcher's frame (invisible
+        to the garbage collector) kept the last client request, and with it its response sender,
+        alive until the next sweep that saw a request, possibly until the stub's exit."""
+        with self._lock:
+            flights = list(self._flights.values())
+        for client in {id(f.client): f.client for f in flights}.values():
+            try:
+                if client.poll_cancelled():
+                    log.info("%s: request %r cancelled by the client: aborting its engine request(s) %s",
+                             self.name, client.client_id, ", ".join(f.inner_id for f in client.flights))
+                    for f in client.flights:
+                        if not f.ended:
+                            self._stop_flight(f)
+            except Exception:
+                log.exception("cancellation check failed")
 
     def _stop_flight(self, f: Flight) -> None:
         """Abort one engine request: an `abort` frame on its connection (the llm instance ends it
