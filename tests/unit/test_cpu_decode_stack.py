@@ -220,3 +220,65 @@ def test_stack_refuses_out_of_range_indices_and_writes_nothing(checkpoints, fiel
         model.forward(ids, positions, meta, kv)
     for (k, _), b in zip(kv, before):
         np.testing.assert_array_equal(k.numpy(), b)
+
+
+@pytest.mark.parametrize("quantization", ["", "wint8"])
+def test_a_step_with_a_short_prompt_chunk_runs_on_the_stack(checkpoints, quantization):
+    # Per-row block tables (worker/inputs.py gives them to steps with few prompt rows): each prompt row
+    # is a query over its own context through the paged decode attention. Against the op-by-op path
+    # (batched prefill attention over gathered slots): the same up to fp32 summation order.
+    from paddle_llm_engine.models.attention_metadata import PrefillChunk
+
+    model = load(checkpoints["qwen3"], ck.supported_isas()[0], quantization)
+    rng = np.random.default_rng(11)
+    tables = np.array([[3, 7, 0], [5, 1, 9]], np.int32)  # decode A: 20 keys; chunk B: positions 8 .. 12 after a cached prefix
+    pos_a, start_b, n_b = 19, 8, 5
+
+    def slot(t, p):
+        return int(tables[t, p // BLOCK]) * BLOCK + p % BLOCK
+
+    positions = np.array([pos_a] + list(range(start_b, start_b + n_b)), np.int64)
+    slots = np.array([slot(0, pos_a)] + [slot(1, p) for p in range(start_b, start_b + n_b)], np.int64)
+    ctx_b = np.array([slot(1, p) for p in range(start_b + n_b)], np.int64)
+    meta = AttentionMetadata(slot_mapping=paddle.to_tensor(slots), num_decodes=1,
+                             decode_block_tables=paddle.to_tensor(tables[:1, :2].copy()),
+                             decode_context_lens=paddle.to_tensor(np.array([pos_a + 1], np.int32)),
+                             prefills=[PrefillChunk(1, n_b, start_b, paddle.to_tensor(ctx_b))],
+                             row_block_tables=paddle.to_tensor(np.repeat(tables, [1, n_b], axis=0)),
+                             row_context_lens=paddle.to_tensor(np.array([pos_a + 1] + list(range(start_b + 1, start_b + n_b + 1)), np.int32)))
+    ids = paddle.to_tensor(rng.integers(3, tc.VOCAB, size=1 + n_b).astype(np.int64))
+    kv = caches(model, rng)
+    kv_ref = [(k.clone(), v.clone()) for k, v in kv]
+    calls = []
+    stack, real_run = model.decode_stack, model.decode_stack.run
+    stack.run = lambda *a, **k: calls.append(1) or real_run(*a, **k)
+    out = model.forward(ids, paddle.to_tensor(positions), meta, kv).numpy()
+    model.decode_stack = None
+    try:
+        ref = model.forward(ids, paddle.to_tensor(positions), meta, kv_ref).numpy()
+    finally:
+        model.decode_stack = stack
+    assert calls, "the mixed step did not take the stack"
+    assert np.abs(ref).max() > 0.1
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+    for (k, v), (k_ref, v_ref) in zip(kv, kv_ref):
+        np.testing.assert_allclose(k.numpy(), k_ref.numpy(), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(v.numpy(), v_ref.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_row_tables_only_for_steps_with_few_short_prompt_rows():
+    from paddle_llm_engine.step import SeqStep, Step
+    from paddle_llm_engine.worker import inputs as wi
+
+    def step(n_prompt, start=0):
+        seqs = (SeqStep("a", 0, (5,), 20, (3, 7), True),
+                SeqStep("b", 0, tuple(range(3, 3 + n_prompt)), start,
+                        tuple(range(10, 10 + -(-(start + n_prompt) // BLOCK))), True))
+        return Step(seqs)
+
+    small = wi.pack_step(step(5, 8), BLOCK, "block_tables").meta
+    assert small.row_context_lens.numpy().tolist() == [21, 9, 10, 11, 12, 13]
+    assert small.row_block_tables.numpy()[1:, 0].tolist() == [10] * 5
+    assert wi.pack_step(step(wi.ROW_TABLES_MAX_PROMPT_ROWS + 1), BLOCK, "block_tables").meta.row_block_tables is None
+    assert wi.pack_step(step(4, wi.ROW_TABLES_MAX_CONTEXT), BLOCK, "block_tables").meta.row_block_tables is None
+    assert wi.pack_step(step(5, 8), BLOCK, "slots").meta.row_block_tables is None

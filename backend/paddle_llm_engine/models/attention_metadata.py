@@ -32,6 +32,10 @@ class AttentionMetadata:
     decode_block_tables: paddle.Tensor | None = None  # [num_decodes, max_blocks] int32
     decode_context_lens: paddle.Tensor | None = None  # [num_decodes] int32 keys each decode sees
     prefills: list[PrefillChunk] = field(default_factory=list)  # "slots" / "block_tables" forms
+    # "block_tables" form, steps with few prompt rows (worker/inputs.py): every row as one query over
+    # its sequence's context, for a decoder that runs the whole step that way (the CPU decode stack)
+    row_block_tables: paddle.Tensor | None = None  # [T, max_blocks] int32
+    row_context_lens: paddle.Tensor | None = None  # [T] int32: keys row t sees, its own included
     # "flash" form (one varlen paged attention call over every sequence of the step, in step order):
     cu_seqlens_q: paddle.Tensor | None = None  # [b+1] int32: rows of sequence i are cu[i] .. cu[i+1]-1
     seqused_k: paddle.Tensor | None = None     # [b] int32 keys of sequence i, this step's included

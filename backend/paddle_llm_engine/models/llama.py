@@ -201,12 +201,19 @@ class LlamaForCausalLM:
         nh, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
         h = self.embed_tokens(input_ids)  # [T, H]: the residual stream
         rot = ops.rotary_inputs(self.rotary, positions, self.dtype)
-        if self.decode_stack is not None and not meta.prefills and meta.num_decodes == h.shape[0]:
-            # Every row is one sequence's next token: the whole stack in one call (same kernels).
-            out = self.decode_stack.run(h, rot.positions, rot.table_cos, rot.table_sin, meta.slot_mapping,
-                                        meta.decode_block_tables, meta.decode_context_lens, kv_caches)
-            if out is not None:  # None: a batch above the kernels' limit
-                return out
+        if self.decode_stack is not None:
+            # Every row one sequence's next token (or, with per-row tables, any row as a query over
+            # its own context): the whole stack in one call.
+            tables, lens = None, None
+            if not meta.prefills and meta.num_decodes == h.shape[0]:
+                tables, lens = meta.decode_block_tables, meta.decode_context_lens
+            elif meta.row_block_tables is not None:
+                tables, lens = meta.row_block_tables, meta.row_context_lens
+            if tables is not None:
+                out = self.decode_stack.run(h, rot.positions, rot.table_cos, rot.table_sin, meta.slot_mapping,
+                                            tables, lens, kv_caches)
+                if out is not None:  # None: a batch above the kernels' limit
+                    return out
         # Each residual add is fused with the norm that follows it: `delta` is the output not yet
         # added to h (the previous block's MLP; None before the first layer).
         delta = None

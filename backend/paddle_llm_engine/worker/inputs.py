@@ -61,8 +61,36 @@ def pack_step(step: Step, block_size: int, form: str) -> ModelInputs:
                              prefills=chunks)
     if decodes:
         _decode_metadata(meta, decodes, block_size, form)
+    if form == "block_tables" and chunks:
+        _row_metadata(meta, step, block_size)
     return ModelInputs(from_numpy(np.concatenate(ids)), from_numpy(np.concatenate(pos)), meta,
                        np.asarray(last_rows, dtype=np.int64))
+
+
+# A step with prompt chunks gets per-row block tables (for a decoder that runs every row as a query
+# over its own context, the CPU decode stack) only while that is cheap next to batched prefill
+# attention: few prompt rows, short contexts. Past these, the prefill runs op by op.
+ROW_TABLES_MAX_PROMPT_ROWS = 64
+ROW_TABLES_MAX_CONTEXT = 1024
+
+
+def _row_metadata(meta: AttentionMetadata, step: Step, block_size: int) -> None:
+    """row_block_tables [T, max_blocks] int32 and row_context_lens [T] int32: row t of a sequence's
+    rows at positions start .. start + n - 1 sees start + i + 1 keys through that sequence's table."""
+    prompt_rows = sum(s.num_tokens for s in step.seqs if s.num_tokens > 1)
+    longest = max(s.start + s.num_tokens for s in step.seqs)
+    if prompt_rows > ROW_TABLES_MAX_PROMPT_ROWS or longest > ROW_TABLES_MAX_CONTEXT:
+        return
+    nblk = -(-longest // block_size)
+    tables, lens = [], []
+    for s in step.seqs:
+        used = -(-(s.start + s.num_tokens) // block_size)
+        row = np.zeros(nblk, dtype=np.int32)
+        row[:used] = s.block_table[:used]
+        tables.append(np.broadcast_to(row, (s.num_tokens, nblk)))
+        lens.append(np.arange(s.start + 1, s.start + s.num_tokens + 1, dtype=np.int32))
+    meta.row_block_tables = from_numpy(np.ascontiguousarray(np.concatenate(tables)))
+    meta.row_context_lens = from_numpy(np.concatenate(lens))
 
 
 def _decode_metadata(meta: AttentionMetadata, decodes, block_size: int, form: str) -> None:

@@ -1,4 +1,6 @@
-"""The decoder stack of a decode-only step in one C++ call (csrc/decode_stack.cc).
+"""The decoder stack of a step in one C++ call (csrc/decode_stack.cc): decode-only steps, and steps
+whose rows all come with their own block table and context length (short prompt chunks: every row a
+query of the paged decode attention, AttentionMetadata.row_block_tables).
 
 At batch 1 a decoder layer is about nine small kernels; calling each from Python through Paddle's
 custom-op dispatch costs 10-40 us, ~6 ms per token on a 30-layer model: more than streaming its
@@ -6,7 +8,7 @@ int8 weights takes (about 4 ms on these hosts). DecodeStack hands the same kerne
 pointers once per step instead, through ctypes (which releases the GIL for the call: the Triton
 responder thread runs meanwhile). It runs the same kernel functions in the same order as the
 op-by-op path (the OpSet's rms_norm / linears / qkv_rotary_write / attention / swiglu), so hidden
-states and KV cache are bit-identical to it (tests/unit/test_cpu_decode_stack.py).
+states and KV cache of a decode-only step are bit-identical to it (tests/unit/test_cpu_decode_stack.py).
 
 It covers dense decoders on the C++ CPU kernels in fp32: layers of [add +] RMSNorm, fused qkv
 (biases optional), optional per-head q/k norms, rotary + paged KV write, paged decode attention,
