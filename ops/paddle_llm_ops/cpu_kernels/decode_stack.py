@@ -14,9 +14,9 @@ It covers dense decoders on the C++ CPU kernels in fp32: layers of [add +] RMSNo
 (biases optional), optional per-head q/k norms, rotary + paged KV write, paged decode attention,
 o, RMSNorm, fused gate_up, SwiGLU, down; linears all GemvLinear (the GEMV up to GEMV_MAX_BATCH rows,
 then MKL's cblas_sgemm as paddle.matmul, up to FP32_SGEMM_MAX_BATCH), all
-Int8Linear (<= GEMV_INT8_MAX_BATCH) or all Int4Linear (<= GEMV_INT4_MAX_BATCH). Steps with prompt
-tokens, larger batches, mixture-of-experts or tensor-parallel models keep the op-by-op path (the
-model decides; `build` returns None with the reason for linears it cannot take).
+Int8Linear (<= GEMV_INT8_MAX_BATCH) or all Int4Linear (<= GEMV_INT4_MAX_BATCH). Steps with long
+prompt chunks, larger batches, mixture-of-experts or tensor-parallel models keep the op-by-op path
+(the model decides; `build` returns None with the reason for linears it cannot take).
 """
 
 from __future__ import annotations
