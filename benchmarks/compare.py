@@ -65,6 +65,8 @@ that is missing or fails is skipped with a note and the rest still runs.
 --quantization Q / --engine-kwargs JSON: EngineConfig fields for ours (offline: LLM kwargs; Triton: the
 `llm` model's config.pbtxt parameters of the same names). A name EngineConfig does not have is an
 error before anything runs (e.g. quantization, until weight-only int8 exists).
+--serving-params JSON: `llm` config.pbtxt parameters that are not engine settings (config_params.py
+ServingOptions, e.g. '{"stream_interval": 4}'); Triton systems only, an unknown name is an error.
 """
 
 from __future__ import annotations
@@ -416,7 +418,7 @@ def bench_model_repository(ctx) -> Path:
         shutil.rmtree(repo)
     shutil.copytree(REPO_ROOT / "model_repository", repo, ignore=shutil.ignore_patterns("__pycache__"))
     cfg = repo / "llm" / "config.pbtxt"
-    for key, value in ctx.engine_kwargs.items():
+    for key, value in {**ctx.engine_kwargs, **ctx.serving_params}.items():
         repo_edit().set_config_parameter(cfg, key, str(int(value) if isinstance(value, bool) else value))
     return repo
 
@@ -897,6 +899,8 @@ def main(argv=None) -> int:
     ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated subset of {','.join(SYSTEMS)}")
     ap.add_argument("--quantization", default=None, help="EngineConfig.quantization for ours (e.g. wint8)")
     ap.add_argument("--engine-kwargs", default="{}", help="JSON object of EngineConfig fields for ours")
+    ap.add_argument("--serving-params", default="{}",
+                    help='JSON object of `llm` serving parameters (Triton systems only), e.g. {"stream_interval": 4}')
     ap.add_argument("--duration", type=float, default=None, help="time cap per level, seconds (default 900)")
     ap.add_argument("--ref-python", default=None, help="interpreter with torch + transformers (default build/ref-venv)")
     ap.add_argument("--bandwidth-gib", type=float, default=1.0)
@@ -921,6 +925,15 @@ def main(argv=None) -> int:
         assert isinstance(extra, dict)
     except (ValueError, AssertionError):
         ap.error("--engine-kwargs must be a JSON object")
+    try:
+        serving = json.loads(args.serving_params)
+        assert isinstance(serving, dict)
+    except (ValueError, AssertionError):
+        ap.error("--serving-params must be a JSON object")
+    from paddle_llm_triton.config_params import SERVING_KEYS
+
+    if set(serving) - SERVING_KEYS:
+        ap.error(f"--serving-params: unknown {sorted(set(serving) - SERVING_KEYS)}; known: {sorted(SERVING_KEYS)}")
     if args.quantization:
         extra["quantization"] = args.quantization
     if {"num_threads", "model_dir"} & set(extra):
@@ -956,6 +969,7 @@ def main(argv=None) -> int:
     ctx.pad_token_id = int(prep["pad_token_id"])
     ctx.engine_kwargs = {"num_threads": args.threads, "max_num_seqs": max(32, max(args.concurrency)),
                          "max_num_batched_tokens": max(2048, sum(len(p) for p in ctx.prompt_ids)), **extra}
+    ctx.serving_params = serving
 
     host = host_info(args.threads)
     log(f"host {host['cpu']} ({', '.join(host['isa'])}); measuring read bandwidth")
@@ -1008,7 +1022,7 @@ def main(argv=None) -> int:
         "date": time.strftime("%Y-%m-%d"), "host": host, "bandwidth": bw, "model": args.model_dir.name,
         "weight_bytes": weight_bytes, "limit_per_seq": limit, "concurrency": args.concurrency,
         "max_tokens": args.max_tokens, "requests_per_stream": args.requests_per_stream,
-        "engine_kwargs": ctx.engine_kwargs, "ours_suffix": f" ({args.quantization})" if args.quantization else "",
+        "engine_kwargs": ctx.engine_kwargs, "serving_params": ctx.serving_params, "ours_suffix": f" ({args.quantization})" if args.quantization else "",
         "prompt_tokens_min": min(len(p) for p in ctx.prompt_ids[:max(args.concurrency)]),
         "prompt_tokens_max": max(len(p) for p in ctx.prompt_ids[:max(args.concurrency)]),
         "results": results, "notes": notes, "seconds": None,

@@ -23,6 +23,16 @@ Serving-only parameters (not engine settings):
 - coalesce_stream_responses: "true" (the default) lets a streamed `llm` response that fell behind
   carry the tokens of several engine steps (responder.py); "false" sends one response per engine
   output always.
+- stream_interval: tokens per streamed response after a sequence's first (vLLM's and SGLang's
+  `stream_interval`), for direct `llm` streams and the ensemble's alike; 1 (the default) streams
+  every token; N > 1 sends one response per N tokens (the first token and the last response are
+  never held), dividing the per-response cost of Triton, gRPC/SSE and the client by N (README
+  "Streaming under load"). Must be an integer >= 1.
+- cancellation_check_period_ms: how often `llm`'s response thread asks Triton whether each direct
+  request in flight was cancelled (the TensorRT-LLM backend's parameter of that name; default 100).
+  Each ask is an IPC round trip per request, so at 8-32 streams the sweep's wake-ups of
+  tritonserver cost several percent of the step time; a longer period trades that for a later
+  abort (KV blocks freed up to one period after the client left). Must be an integer >= 1.
 - fault_inject_after_steps: TESTS ONLY. N > 0 makes the engine step raise once N steps have run
   (fault_injection.py); 0 (the default) is off and nothing is installed.
 
@@ -60,6 +70,8 @@ class ServingOptions:
     fault_inject_after_steps: int = 0
     metrics_names: tuple[str, ...] = NAME_SETS
     coalesce_stream_responses: bool = True
+    stream_interval: int = 1
+    cancellation_check_period_ms: int = 100
 
 
 SERVING_KEYS = {f.name for f in dataclasses.fields(ServingOptions)}
@@ -135,6 +147,17 @@ def serving_options(model_config: dict) -> ServingOptions:
     coalesce = raw.get("coalesce_stream_responses", "").strip()
     if coalesce:
         opts.coalesce_stream_responses = _convert("coalesce_stream_responses", "bool", coalesce)
+    interval = raw.get("stream_interval", "").strip()
+    if interval:
+        opts.stream_interval = _convert("stream_interval", "int", interval)
+        if opts.stream_interval < 1:
+            raise ValueError(f"config.pbtxt parameter stream_interval must be an integer >= 1, got {interval!r}")
+    period = raw.get("cancellation_check_period_ms", "").strip()
+    if period:
+        opts.cancellation_check_period_ms = _convert("cancellation_check_period_ms", "int", period)
+        if opts.cancellation_check_period_ms < 1:
+            raise ValueError("config.pbtxt parameter cancellation_check_period_ms must be an integer >= 1, "
+                             f"got {period!r}")
     fault = raw.get("fault_inject_after_steps", "").strip()
     if fault:
         opts.fault_inject_after_steps = _convert("fault_inject_after_steps", "int", fault)

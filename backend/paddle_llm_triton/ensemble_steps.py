@@ -49,8 +49,9 @@ class EnsembleStepHandler:
 
     def __init__(self, loop: EngineLoop, on_output: Callable[[RequestOutput], None], default_max_tokens: int,
                  max_model_len: int, instance: str, on_rejected: Callable[[str], None] | None = None,
-                 drain: Drain | None = None):
+                 drain: Drain | None = None, stream_interval: int = 1):
         self.loop = loop
+        self.stream_interval = stream_interval  # tokens per streamed frame (delta_buffer.py)
         self.drain = drain
         self._on_metrics = on_output
         self._on_rejected = on_rejected or (lambda reason: None)
@@ -86,7 +87,8 @@ class EnsembleStepHandler:
         if want_lp and params.logprobs is None:
             params.logprobs = 0  # TensorRT-LLM's output_log_probs: the chosen token's logprob
         params.compute_logprobs = want_lp
-        step = _Step(emit, SequenceBuffers(stream, prompt_text if isinstance(prompt_text, str) else None),
+        step = _Step(emit, SequenceBuffers(stream, prompt_text if isinstance(prompt_text, str) else None,
+                                         self.stream_interval),
                      want_lp, bool(msg.get("perf", False)))
         rid = uuid.uuid4().hex
         timeout_s = msg.get("timeout_s")  # the ensemble client's request timeout

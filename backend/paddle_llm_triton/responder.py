@@ -8,12 +8,12 @@ tokens, as vLLM's output collector merges the deltas of a lagging consumer and T
 what is ready: at low load every token is still its own response, under load the number of Triton
 responses (each an IPC round trip, Python tensors and a gRPC message) stops growing with the token
 rate. `coalesce=False` (config.pbtxt `coalesce_stream_responses: false`) sends one response per
-output always. Non-streaming requests get exactly one response at the end (HTTP /generate
+output always. `stream_interval` N > 1 (config.pbtxt) sends one response per N tokens at any load. Non-streaming requests get exactly one response at the end (HTTP /generate
 accepts only one): delta_buffer.py. Every request ends with a response flagged FINAL. Only direct
 clients of `llm` come through here (the ensemble's requests arrive on the engine channel,
 ensemble_steps.py), so all pb_utils calls of this path are on two threads: execute() and this one.
 
-Client cancellation: every `poll_s` (0.1 s) this thread sweeps every request in flight, streamed or
+Client cancellation: every `poll_s` (config.pbtxt cancellation_check_period_ms, default 0.1 s) this thread sweeps every request in flight, streamed or
 not, whether or not anything was sent yet, and calls response_sender.is_cancelled() once each (as
 the TensorRT-LLM backend's cancellation thread does every cancellation_check_period_ms); a cancelled
 one is aborted in the engine (its KV blocks are freed before the next step) and gets an empty final
@@ -65,12 +65,13 @@ class Responder:
 
     def __init__(self, abort: Callable[[str], None], decode_token: Callable[[int, bool], str],
                  on_finished: Callable[[RequestOutput], None] | None = None, poll_s: float = 0.1,
-                 coalesce: bool = True):
+                 coalesce: bool = True, stream_interval: int = 1):
         self._abort = abort
         self._decode_token = decode_token
         self._on_finished = on_finished
         self._poll_s = poll_s
         self._coalesce = coalesce
+        self._stream_interval = stream_interval  # tokens per streamed response (delta_buffer.py)
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._live: dict[str, _Pending] = {}
         self._lock = threading.Lock()
@@ -82,7 +83,8 @@ class Responder:
     def register(self, request_id: str, sender, opts: ResponseOptions) -> None:
         """Track a request submitted to the engine: its Triton response sender and what it asked back."""
         with self._lock:
-            self._live[request_id] = _Pending(sender, opts, SequenceBuffers(opts.stream, opts.prompt_text))
+            self._live[request_id] = _Pending(sender, opts, SequenceBuffers(opts.stream, opts.prompt_text,
+                                                                            self._stream_interval))
 
     def discard(self, request_id: str) -> None:
         """Forget a registered request that never reached the engine. On return the response thread

@@ -70,10 +70,11 @@ class TritonPythonModel:
         self.control.handlers.update(stop=self.stops.on_control, drain=self.drain.on_drain, status=self.drain.status)
         self.responder = Responder(abort=self.loop.abort, decode_token=self._decode_token,
                                    on_finished=lambda out: self.stops.remove(out.request_id),
-                                   coalesce=opts.coalesce_stream_responses)
+                                   poll_s=opts.cancellation_check_period_ms / 1000.0,
+                                   coalesce=opts.coalesce_stream_responses, stream_interval=opts.stream_interval)
         self.channel = ChannelServer(args["model_name"], self.instance, EnsembleStepHandler(
             self.loop, self.metrics.on_output, self.default_max_tokens, cfg.max_model_len, self.instance,
-            on_rejected=self.metrics.on_rejected, drain=self.drain))
+            on_rejected=self.metrics.on_rejected, drain=self.drain, stream_interval=opts.stream_interval))
         self.watchdog = StallWatchdog({"the engine step": lambda: self.loop.step_started_at,
                                        "a response send to Triton": lambda: self.responder.send_started},
                                       self.loop.declare_failed, opts.max_step_seconds,
