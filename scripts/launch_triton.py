@@ -97,6 +97,8 @@ def main(argv=None) -> int:
     drained = None  # the drain's summary (launcher/shutdown.py)
     # supervised and once ready: tritonserver may exit and be restarted by the supervisor meanwhile
     while not stop_signal and (server.running() or (server.supervisor is not None and ready_reported)):
+        if not ready_reported:
+            server.note_loading()  # should it die while loading, stop() below still cleans up
         if not ready_reported and server.is_ready():
             server.ready_after = time.monotonic() - server.started_at
             say(f"launch_triton: ready in {server.ready_after:.2f} s: http 127.0.0.1:{args.http_port}, "

@@ -148,10 +148,15 @@ class TritonServer:
 
     def wait_ready(self, timeout: float = 180.0, poll: float = 0.1) -> float:
         """Poll /v2/health/ready until 200; return seconds since start. Raises RuntimeError if the
-        server exits first and TimeoutError after `timeout` seconds (the server keeps running)."""
+        server exits first (its stubs killed and their shm regions removed: a server that crashes
+        while loading leaves them behind) and TimeoutError after `timeout` seconds (the server keeps
+        running)."""
         deadline = time.monotonic() + timeout
         while True:
+            self.note_loading()
             if self.proc.poll() is not None:
+                self._kill_leftover_stubs()
+                self._clean_shm()
                 raise RuntimeError(f"tritonserver exited with code {self.proc.returncode} before ready"
                                    + self._log_hint())
             if self.is_ready():
@@ -174,6 +179,14 @@ class TritonServer:
         return f" (log: {self.log_path})" if self.log_path else ""
 
     # ---- shutdown
+
+    def note_loading(self) -> None:
+        """Record the stubs and shm regions of a server still loading its models: supervision starts
+        only once it is ready, so should it die before, stop() (or wait_ready()) still removes them.
+        Call it on every poll while waiting for readiness."""
+        self.remember_stubs()
+        if self.proc.poll() is None:
+            self._owned_regions |= procs.mapped_regions(self.pid)
 
     def remember_stubs(self) -> None:
         """Record the server's current children (stubs) and the shm regions they were given."""
