@@ -145,13 +145,17 @@ def main(argv=None) -> int:
     ap.add_argument("--request-timeout", type=float, default=120.0)
     args = ap.parse_args(argv)
     bursts: list[int] = []
-    stopping = threading.Event()
+    stopping: list[int] = []
+    # The handlers only append to a list: a handler runs on the main thread between bytecodes, and an
+    # Event.set() there can find the Event's lock held by that same thread inside Event.wait() (a
+    # self-deadlock, seen once: the clients kept sending for 140 s after the SIGTERM).
     signal.signal(signal.SIGUSR1, lambda *_: bursts.append(1))
-    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     clients = Clients(args)
     clients.arm_burst()
     print("started", flush=True)
-    while not stopping.wait(0.02):  # signal handlers run on this thread between waits
+    while not stopping:
+        time.sleep(0.02)  # interrupted by a signal, whose handler runs at once
         while bursts:
             bursts.pop()
             clients.burst()
