@@ -131,39 +131,30 @@ def serving_options(model_config: dict) -> ServingOptions:
         opts.gcu_device_ids = [int(x) for x in ids.replace(",", ";").split(";") if x.strip()]
     except ValueError:
         raise ValueError(f"config.pbtxt parameter gcu_device_ids must be ids separated by ';', got {ids!r}") from None
-    dmt = raw.get("default_max_tokens", "").strip()
-    if dmt:
-        opts.default_max_tokens = _convert("default_max_tokens", "int", dmt)
-        if opts.default_max_tokens < 0:
-            raise ValueError("config.pbtxt parameter default_max_tokens must be >= 0 (0 = max_model_len - prompt)")
-    mss = raw.get("max_step_seconds", "").strip()
-    if mss:
-        opts.max_step_seconds = _convert("max_step_seconds", "float", mss)
-        if opts.max_step_seconds < 0:
-            raise ValueError("config.pbtxt parameter max_step_seconds must be >= 0 (0 = watchdog off)")
+    _set_at_least(opts, raw, "default_max_tokens", "int", 0, " (0 = max_model_len - prompt)")
+    _set_at_least(opts, raw, "max_step_seconds", "float", 0, " (0 = watchdog off)")
     names = raw.get("metrics_names", "")
     if names.strip():
         opts.metrics_names = parse_name_sets(names)
     coalesce = raw.get("coalesce_stream_responses", "").strip()
     if coalesce:
         opts.coalesce_stream_responses = _convert("coalesce_stream_responses", "bool", coalesce)
-    interval = raw.get("stream_interval", "").strip()
-    if interval:
-        opts.stream_interval = _convert("stream_interval", "int", interval)
-        if opts.stream_interval < 1:
-            raise ValueError(f"config.pbtxt parameter stream_interval must be an integer >= 1, got {interval!r}")
-    period = raw.get("cancellation_check_period_ms", "").strip()
-    if period:
-        opts.cancellation_check_period_ms = _convert("cancellation_check_period_ms", "int", period)
-        if opts.cancellation_check_period_ms < 1:
-            raise ValueError("config.pbtxt parameter cancellation_check_period_ms must be an integer >= 1, "
-                             f"got {period!r}")
-    fault = raw.get("fault_inject_after_steps", "").strip()
-    if fault:
-        opts.fault_inject_after_steps = _convert("fault_inject_after_steps", "int", fault)
-        if opts.fault_inject_after_steps < 0:
-            raise ValueError("config.pbtxt parameter fault_inject_after_steps must be >= 0")
+    _set_at_least(opts, raw, "stream_interval", "int", 1)
+    _set_at_least(opts, raw, "cancellation_check_period_ms", "int", 1)
+    _set_at_least(opts, raw, "fault_inject_after_steps", "int", 0)
     return opts
+
+
+def _set_at_least(opts: ServingOptions, raw: dict, name: str, type_name: str, minimum: float, hint: str = "") -> None:
+    """opts.<name> from a non-empty config value of `type_name` ("int" / "float"); ValueError naming
+    the parameter when it is malformed or below `minimum`."""
+    text = raw.get(name, "").strip()
+    if not text:
+        return
+    value = _convert(name, type_name, text)
+    if value < minimum:
+        raise ValueError(f"config.pbtxt parameter {name} must be >= {minimum}{hint}, got {text!r}")
+    setattr(opts, name, value)
 
 
 def engine_config_from_triton(model_config: dict, args: dict) -> EngineConfig:

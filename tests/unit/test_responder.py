@@ -82,11 +82,12 @@ def out(rid, text, ids, finished=False, reason=None, lps=None, n_out=0):
                          cumulative_logprob=-0.5 * n_out)
 
 
-def make(pb, poll_s=0.05, coalesce=True):
+def make(pb, poll_s=0.05, coalesce=True, stream_interval=1):
     from paddle_llm_triton.responder import Responder
 
     aborted = []
-    return Responder(abort=aborted.append, decode_token=Tok(), poll_s=poll_s, coalesce=coalesce), aborted
+    return Responder(abort=aborted.append, decode_token=Tok(), poll_s=poll_s, coalesce=coalesce,
+                     stream_interval=stream_interval), aborted
 
 
 def wait(pred, timeout=5.0):

@@ -11,7 +11,7 @@ import pytest
 from paddle_llm_engine.outputs import RequestOutput
 from paddle_llm_triton.config_params import serving_options
 from paddle_llm_triton.delta_buffer import SequenceBuffers
-from test_responder import Sender, out, pb  # noqa: F401  (pb: the stand-in pb_utils fixture)
+from test_responder import Sender, make, out, pb  # noqa: F401  (pb: the stand-in pb_utils fixture)
 
 
 def _tok(i, text=None, seq=0, finished=False):
@@ -103,10 +103,9 @@ def test_serving_parameters_parse_with_defaults_and_errors_naming_the_parameter(
 
 
 def test_the_responder_sends_one_response_per_interval_to_the_client(pb):  # noqa: F811
-    from paddle_llm_triton.responder import ResponseOptions, Responder
+    from paddle_llm_triton.responder import ResponseOptions
 
-    r = Responder(abort=lambda rid: None, decode_token=lambda t, s: f"t{t}", poll_s=0.05, coalesce=False,
-                  stream_interval=4)
+    r, _ = make(pb, coalesce=False, stream_interval=4)
     s = Sender()
     r.register("a", s, ResponseOptions(stream=True, return_num_output_tokens=True))
     for i in range(10):
