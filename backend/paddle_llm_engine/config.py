@@ -239,6 +239,10 @@ class EngineConfig:
         wave; 0: no cap beyond max_num_batched_tokens.
     max_model_len: prompt + output limit per sequence; 0 means the model's max_position_embeddings.
     num_threads: CPU threads for Paddle kernels; 0 means all cores.
+    adaptive_kernel_threads: 1 (the default): with 2 or more kernel threads, each decode-stack
+        call of the C++ CPU kernels runs on 1 or num_threads threads, whichever its measured call
+        times favour per batch size (paddle_llm_ops/cpu_kernels/thread_tuner.py); 0: always
+        num_threads. Results are the same either way.
     enable_prefix_caching: 1 reuses KV blocks of equal prompt prefixes across requests; 0 disables.
     max_num_waiting: admission limit: requests admitted and not finished that are not running
         (submitted and not yet applied by the engine thread, plus the scheduler's waiting and
@@ -301,6 +305,7 @@ class EngineConfig:
     prefill_chunk_size: int = 256
     max_model_len: int = 0
     num_threads: int = 0
+    adaptive_kernel_threads: int = 1
     enable_prefix_caching: int = 1
     max_num_waiting: int = 0
     max_request_seconds: float = 0.0
@@ -343,6 +348,8 @@ class EngineConfig:
             )
         if self.max_num_seqs <= 0:
             raise ValueError(f"max_num_seqs must be > 0, got {self.max_num_seqs}")
+        if self.adaptive_kernel_threads not in (0, 1):
+            raise ValueError(f"adaptive_kernel_threads must be 0 or 1, got {self.adaptive_kernel_threads}")
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "

@@ -282,3 +282,51 @@ def test_row_tables_only_for_steps_with_few_short_prompt_rows():
     assert wi.pack_step(step(wi.ROW_TABLES_MAX_PROMPT_ROWS + 1), BLOCK, "block_tables").meta.row_block_tables is None
     assert wi.pack_step(step(4, wi.ROW_TABLES_MAX_CONTEXT), BLOCK, "block_tables").meta.row_block_tables is None
     assert wi.pack_step(step(5, 8), BLOCK, "slots").meta.row_block_tables is None
+
+
+class _Alternating:
+    """A stand-in KernelThreadTuner that alternates 1 and 2 threads and keeps what it was told."""
+
+    threads = 2
+
+    def __init__(self):
+        self.i, self.records = 0, []
+
+    def pick(self, batch):
+        self.i += 1
+        return 1 if self.i % 2 else 2
+
+    def record(self, batch, threads, seconds):
+        self.records.append((batch, threads, seconds, ck.get_num_threads()))
+
+
+@pytest.mark.parametrize("isa", ISA_PARAMS)
+@pytest.mark.parametrize("quantization", ["", "wint8"])
+def test_a_tuned_stack_gives_the_same_step_on_any_thread_count(checkpoints, isa, quantization):
+    """With a tuner the stack runs each call on the count it picks, reports the call's time, and
+    restores the configured count; every call's output and KV are bit-identical to the untuned one."""
+    ck.set_num_threads(2)
+    model = load(checkpoints["qwen3"], isa, quantization)
+    stack = model.decode_stack
+    assert stack is not None, model.decode_stack_info
+    ref, ref_kv = None, None
+    try:
+        for tuner in (None, _Alternating()):
+            stack.tuner = tuner
+            for _ in range(2):
+                out, _, kv, _ = run_both(model, [5, 17, 40], seed=3)
+                assert ck.get_num_threads() == 2
+                if ref is None:
+                    ref, ref_kv = out, kv
+                    continue
+                np.testing.assert_array_equal(out, ref)
+                for (k, v), (k_ref, v_ref) in zip(kv, ref_kv):
+                    np.testing.assert_array_equal(k.numpy(), k_ref.numpy())
+                    np.testing.assert_array_equal(v.numpy(), v_ref.numpy())
+        # the tuner's calls ran on 1 then 2 threads (the count set during the call is the one the
+        # record sees only after restoring, so it is the configured 2)
+        assert [(b, t) for b, t, _, _ in tuner.records] == [(3, 1), (3, 2)]
+        assert all(s > 0 and now == 2 for _, _, s, now in tuner.records)
+    finally:
+        stack.tuner = None
+        ck.set_num_threads(0)

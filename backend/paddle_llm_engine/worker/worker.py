@@ -77,8 +77,22 @@ class Worker:
         self.model = (make_model or build_model)(model_config, self.ops, self.plan.dtype)
         self.model.load_weights(engine_config.model_dir)
         log.info("%s: decode stack: %s", self.device, getattr(self.model, "decode_stack_info", "n/a"))
+        self.thread_tuner = self._attach_thread_tuner()
         self.num_kv_blocks = 0
         self.kv_caches: list = []
+
+    def _attach_thread_tuner(self):
+        """A KernelThreadTuner on the model's decode stack when there is one, the C++ kernels run on
+        2 or more threads and adaptive_kernel_threads is 1; else None (the count stays fixed)."""
+        stack = getattr(self.model, "decode_stack", None)
+        if stack is None or self.threads < 2 or not self.config.adaptive_kernel_threads:
+            return None
+        from paddle_llm_ops.cpu_kernels.thread_tuner import KernelThreadTuner
+
+        stack.tuner = KernelThreadTuner(self.threads)
+        log.info("%s: decode stack calls run on 1 or %d kernel threads, whichever their measured times favour "
+                 "(adaptive_kernel_threads 1)", self.device, self.threads)
+        return stack.tuner
 
     # -- KV cache ------------------------------------------------------------------------------
     def kv_bytes_per_block(self) -> int:

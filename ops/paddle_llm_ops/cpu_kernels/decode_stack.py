@@ -22,6 +22,7 @@ prompt chunks, larger batches, mixture-of-experts or tensor-parallel models keep
 from __future__ import annotations
 
 import ctypes
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -150,6 +151,9 @@ class DecodeStack:
         self._fn.argtypes = [ctypes.POINTER(_Args), ctypes.c_char_p, ctypes.c_int64]
         self._fn.restype = ctypes.c_int
         self._err = ctypes.create_string_buffer(_ERR_LEN)
+        # thread_tuner.KernelThreadTuner choosing each call's kernel threads, or None (the count set
+        # with set_num_threads); the engine's worker sets it
+        self.tuner = None
 
     @classmethod
     def build(cls, isa: str, block_size: int, layers: list[StackLayer], final_norm: paddle.Tensor, hidden: int,
@@ -228,6 +232,20 @@ class DecodeStack:
         a.block_tables = _ptr(block_tables, paddle.int32, "block_tables")
         a.context_lens = _ptr(context_lens, paddle.int32, "context_lens")
         a.out = out.data_ptr()
-        if self._fn(ctypes.byref(a), self._err, _ERR_LEN) != 0:
+        tuner = self.tuner
+        if tuner is None:
+            rc = self._fn(ctypes.byref(a), self._err, _ERR_LEN)
+        else:
+            threads = tuner.pick(b)
+            ck.set_num_threads(threads)
+            t0 = time.perf_counter()
+            try:
+                rc = self._fn(ctypes.byref(a), self._err, _ERR_LEN)
+            finally:
+                elapsed = time.perf_counter() - t0
+                ck.set_num_threads(tuner.threads)  # the other kernels keep the configured count
+            if rc == 0:
+                tuner.record(b, threads, elapsed)
+        if rc != 0:
             raise ValueError(f"decode stack: {self._err.value.decode(errors='replace')}")
         return out
