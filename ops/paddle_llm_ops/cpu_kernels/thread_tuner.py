@@ -1,10 +1,10 @@
 """The C++ kernels' thread count for each decode-stack call, chosen from the call times measured.
 
 Why: the kernels run on all their threads in lock-step, with a barrier after every matrix. On an idle
-2-core host two threads make a decode step 1.2x (batch 1) to 1.6x (batch 8) faster than one. But
-any other work on those cores (a response's IPC inside tritonserver, the client, another engine, a
-noisy neighbour) stalls both threads at the next barrier, not only the one it preempts: beside
-another engine at nice 19, two threads made batch-1 steps slower than one, and with
+2-core host two threads make a decode-stack call 1.15-1.2x faster than one. But any other work on
+those cores (a response's IPC inside tritonserver, the client, another engine, a noisy neighbour)
+stalls both threads at the next barrier, not only the one it preempts: beside a busy process in
+another session two threads made batch-1 calls 1.5x slower than one, and beside another engine with
 `sched_autogroup` off 4-6x slower. Neither count is right on every host or at every moment, so the
 engine measures both while it serves and keeps the faster.
 
