@@ -243,6 +243,9 @@ class EngineConfig:
         call of the C++ CPU kernels runs on 1 or num_threads threads, whichever its measured call
         times favour per batch size (paddle_llm_ops/cpu_kernels/thread_tuner.py); 0: always
         num_threads. Results are the same either way.
+    huge_pages: 1 (the default): on the CPU, the weights and the KV cache are put on 2 MiB
+        transparent huge pages where the host allows it (platforms/huge_pages.py; the start-up log
+        says what happened); 0: left on the allocator's pages. Results are the same either way.
     enable_prefix_caching: 1 reuses KV blocks of equal prompt prefixes across requests; 0 disables.
     max_num_waiting: admission limit: requests admitted and not finished that are not running
         (submitted and not yet applied by the engine thread, plus the scheduler's waiting and
@@ -306,6 +309,7 @@ class EngineConfig:
     max_model_len: int = 0
     num_threads: int = 0
     adaptive_kernel_threads: int = 1
+    huge_pages: int = 1
     enable_prefix_caching: int = 1
     max_num_waiting: int = 0
     max_request_seconds: float = 0.0
@@ -348,6 +352,8 @@ class EngineConfig:
             )
         if self.max_num_seqs <= 0:
             raise ValueError(f"max_num_seqs must be > 0, got {self.max_num_seqs}")
+        if self.huge_pages not in (0, 1):
+            raise ValueError(f"huge_pages must be 0 or 1, got {self.huge_pages}")
         if self.adaptive_kernel_threads not in (0, 1):
             raise ValueError(f"adaptive_kernel_threads must be 0 or 1, got {self.adaptive_kernel_threads}")
         if self.max_num_batched_tokens < self.max_num_seqs:

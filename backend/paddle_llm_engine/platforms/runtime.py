@@ -42,6 +42,13 @@ class Platform:
     def configure_kernels(self, plan, threads: int) -> None:
         """Settings of the optional kernels the platform plan turned on (nothing by default)."""
 
+    def use_huge_pages(self, root, what: str, collapse: bool = True) -> str:
+        """Put the host memory of the tensors reachable from `root` (the weights, the KV caches) on
+        2 MiB pages where the host allows it, now (collapse) or over time; a log line saying what
+        happened, "" where the platform's tensors are not in host memory (nothing by default). Never
+        raises for an OS refusal."""
+        return ""
+
     def available_memory(self, device: Device, ranks_on_host: int = 1) -> int | None:
         """Bytes the KV cache of one rank could take now (weights loaded), or None when unknown."""
         raise NotImplementedError
@@ -89,6 +96,16 @@ class CpuPlatform(Platform):
             from paddle_llm_ops import cpu_kernels
 
             cpu_kernels.set_num_threads(threads)
+
+    def use_huge_pages(self, root, what: str, collapse: bool = True) -> str:
+        """huge_pages.advise_huge_pages over the CPU tensors reachable from `root`."""
+        import time
+
+        from paddle_llm_engine.platforms.huge_pages import advise_huge_pages, paddle_cpu_ranges
+
+        t0 = time.monotonic()
+        rep = advise_huge_pages(paddle_cpu_ranges(root), collapse=collapse)
+        return f"{what}: {rep.outcome} ({time.monotonic() - t0:.2f} s)"
 
     # host_available_memory logs which of the two it was, with the figures
     memory_source = "the host's MemAvailable or the cgroup memory limit's headroom, the smaller"
