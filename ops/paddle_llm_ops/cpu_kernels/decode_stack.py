@@ -237,13 +237,16 @@ class DecodeStack:
             rc = self._fn(ctypes.byref(a), self._err, _ERR_LEN)
         else:
             threads = tuner.pick(b)
-            ck.set_num_threads(threads)
+            switch = threads != tuner.threads  # most calls run on the configured count: no ctypes calls
+            if switch:
+                ck.set_num_threads(threads)
             t0 = time.perf_counter()
             try:
                 rc = self._fn(ctypes.byref(a), self._err, _ERR_LEN)
             finally:
                 elapsed = time.perf_counter() - t0
-                ck.set_num_threads(tuner.threads)  # the other kernels keep the configured count
+                if switch:
+                    ck.set_num_threads(tuner.threads)  # the other kernels keep the configured count
             if rc == 0:
                 tuner.record(b, threads, elapsed)
         if rc != 0:
