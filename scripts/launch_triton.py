@@ -75,11 +75,18 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGHUP, on_signal)
 
-    server = start_server(args.model_repo, args.http_port, args.grpc_port, args.metrics_port,
-                          model_dir=args.model_dir, log_path=args.log_file, backend_dir=args.backend_dir,
-                          extra_args=args.extra, exit_timeout=args.exit_timeout_secs,
-                          kill_after=args.kill_after, supervise=not args.no_supervise,
-                          log=say)
+    try:
+        server = start_server(args.model_repo, args.http_port, args.grpc_port, args.metrics_port,
+                              model_dir=args.model_dir, log_path=args.log_file, backend_dir=args.backend_dir,
+                              extra_args=args.extra, exit_timeout=args.exit_timeout_secs,
+                              kill_after=args.kill_after, supervise=not args.no_supervise,
+                              log=say)
+    except ValueError as e:  # a bad setting (TRITON_RESTRICTED_APIS, TRITON_ADMIN_KEY, DRAIN_ACCEPT_S, ...)
+        say(f"launch_triton: {e}")
+        return 2
+    if not server.admin.apis:
+        say("launch_triton: WARNING: TRITON_RESTRICTED_APIS=none: Triton's model-repository API is open to every "
+            "client that reaches the HTTP / gRPC ports, and a model load can carry Python code (docs/security.md)")
     say(f"launch_triton: tritonserver pid {server.pid}, model repository {Path(args.model_repo).resolve()}, "
             f"{MODEL_DIR_ENV}={Path(args.model_dir).resolve()}")
     frontend = None

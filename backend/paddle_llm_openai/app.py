@@ -8,7 +8,8 @@ Disconnects: a streamed response is cancelled by Starlette when the client goes 
 generator's `finally` cancels the gRPC calls); a non-streamed request runs beside a watcher of the
 connection (`_until_disconnect`) and is cancelled the same way when the client leaves first.
 Draining (cli.py, on SIGTERM): /health/ready is 503 and new /v1 requests are 503 at once; requests
-in flight go on.
+in flight go on. API keys and the body-size limit: guards.py, inside the accounting (so 401 and 413
+are counted per endpoint).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from paddle_llm_openai import chat, completions
 from paddle_llm_openai.errors import OpenAIError
+from paddle_llm_openai.guards import DEFAULT_MAX_BODY_BYTES, Guards
 from paddle_llm_openai.metrics import FrontendMetrics
 from paddle_llm_openai.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from paddle_llm_openai.triton_client import TritonLLM
@@ -128,9 +130,11 @@ def _param_of(loc) -> str | None:
     return ".".join(parts) if parts else None
 
 
-def build_app(fe: Frontend) -> FastAPI:
+def build_app(fe: Frontend, api_keys=(), max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
     """The ASGI app of the frontend `fe`: OpenAI routes, health, metrics, and every error as an
-    OpenAI error body (errors.OpenAIError), wrapped in the per-request accounting."""
+    OpenAI error body (errors.OpenAIError), behind the guards (api_keys: Bearer keys every route but
+    the probes needs, none: open; max_body_bytes: the request body limit) and the per-request
+    accounting. Raises ValueError for an empty key or a limit <= 0."""
     @asynccontextmanager
     async def lifespan(_app):
         fe.llm = TritonLLM(fe.tritonserver_url, fe.model)
@@ -147,7 +151,7 @@ def build_app(fe: Frontend) -> FastAPI:
     _error_handlers(app)
     _openai_routes(app, fe)
     _health_routes(app, fe)
-    return _Accounting(app, fe)
+    return _Accounting(Guards(app, api_keys, max_body_bytes), fe)
 
 
 def _error_handlers(app: FastAPI) -> None:

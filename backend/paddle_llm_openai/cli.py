@@ -9,12 +9,19 @@ default the model folder's name (from --tokenizer) and the Triton model name (`l
 Drain: the first SIGTERM / SIGINT makes /health/ready 503 and refuses new /v1 requests with 503;
 requests in flight (streams too) finish, at most --drain-grace seconds, then uvicorn stops (exit 0).
 A second signal stops at once.
+
+Who may call it (guards.py): `--api-key KEY [KEY ...]` or the environment variable VLLM_API_KEY (vLLM's
+names; the variable keeps the key off the command line, which other processes can read) make every
+route but /health, /health/ready and /metrics require `Authorization: Bearer KEY`.
+`--max-request-body-bytes` (or OPENAI_MAX_REQUEST_BODY_BYTES; default 8 MiB) bounds a request's body:
+above it, 413 before it is read.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import threading
 import time
@@ -23,6 +30,7 @@ from pathlib import Path
 import uvicorn
 
 from paddle_llm_openai.app import Frontend, build_app
+from paddle_llm_openai.guards import DEFAULT_MAX_BODY_BYTES
 
 
 class DrainingServer(uvicorn.Server):
@@ -65,6 +73,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="seconds requests in flight get to finish after SIGTERM")
     ap.add_argument("--uvicorn-log-level", default="warning")
     ap.add_argument("--access-log", action="store_true", help="log every request (off: it costs time per request)")
+    ap.add_argument("--api-key", nargs="+", default=None,
+                    help="keys clients must send as `Authorization: Bearer KEY` on every route but /health, "
+                         "/health/ready and /metrics (default: the environment variable VLLM_API_KEY; "
+                         "neither: no key needed)")
+    ap.add_argument("--max-request-body-bytes", type=int, default=None,
+                    help="largest request body in bytes; a larger one is answered 413 before it is read "
+                         f"(default: the environment variable {BODY_ENV}, else 8388608 = 8 MiB)")
     return ap.parse_args(argv)
 
 
@@ -73,6 +88,32 @@ def served_names(args) -> list[str]:
         return list(dict.fromkeys(args.served_model_name))
     names = [Path(args.tokenizer).resolve().name] if args.tokenizer else []
     return list(dict.fromkeys(names + [args.model]))
+
+
+def api_keys(args, env=None) -> list[str]:
+    """--api-key, else VLLM_API_KEY (one key), else none."""
+    if args.api_key:
+        return list(args.api_key)
+    key = (os.environ if env is None else env).get(API_KEY_ENV, "")
+    return [key] if key else []
+
+
+API_KEY_ENV = "VLLM_API_KEY"
+BODY_ENV = "OPENAI_MAX_REQUEST_BODY_BYTES"
+
+
+def max_body_bytes(args, env=None) -> int:
+    """--max-request-body-bytes, else OPENAI_MAX_REQUEST_BODY_BYTES, else 8 MiB. Raises ValueError
+    naming the variable when it is not an integer."""
+    if args.max_request_body_bytes is not None:
+        return args.max_request_body_bytes
+    raw = (os.environ if env is None else env).get(BODY_ENV, "").strip()
+    if not raw:
+        return DEFAULT_MAX_BODY_BYTES
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{BODY_ENV} must be a whole number of bytes, got {raw!r}") from None
 
 
 def main(argv=None) -> int:
@@ -84,11 +125,18 @@ def main(argv=None) -> int:
         host = args.tritonserver_url.rsplit(":", 1)[0]
         metrics_url = f"http://{host}:8002/metrics"
     fe = Frontend(args.tritonserver_url, args.model, served_names(args), args.tokenizer, metrics_url or None)
-    config = uvicorn.Config(build_app(fe), host=args.host, port=args.openai_port, log_level=args.uvicorn_log_level,
+    keys = api_keys(args)
+    try:
+        app = build_app(fe, keys, max_body_bytes(args))
+    except ValueError as e:
+        print(f"paddle_llm_openai: {e}", file=sys.stderr, flush=True)
+        return 2
+    config = uvicorn.Config(app, host=args.host, port=args.openai_port, log_level=args.uvicorn_log_level,
                             access_log=args.access_log, timeout_graceful_shutdown=5, lifespan="on")
     server = DrainingServer(config, fe, args.drain_grace)
     print(f"paddle_llm_openai: OpenAI API on http://{args.host}:{args.openai_port}/v1 -> Triton "
-          f"{args.tritonserver_url} model {args.model}; served names {', '.join(fe.served_names)}", flush=True)
+          f"{args.tritonserver_url} model {args.model}; served names {', '.join(fe.served_names)}; "
+          f"{'API key required' if keys else 'no API key required'}", flush=True)
     server.run()
     return 0
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from paddle_llm_engine import EngineLoop, InvalidRequestError, SamplingParams
 from paddle_llm_engine.outputs import RequestOutput
-from paddle_llm_engine.tokenizer import encode_prompt
+from paddle_llm_engine.tokenizer import check_prompt_bytes, encode_prompt
 from paddle_llm_triton import tensors as T
 from paddle_llm_triton.contracts.defaults import apply_default_max_tokens
 from paddle_llm_triton.contracts.vllm import (check_stream_prompt, contract_error, from_request_parameters,
@@ -109,6 +109,7 @@ class VllmRequest:
         text = T.get_str(request, "text_input")
         if not text:
             raise InvalidRequestError("text_input", "required and must not be empty")
+        check_prompt_bytes(tokenizer, text, max_model_len)
         prompt_ids = encode_prompt(tokenizer, text)
         # sampling parameters: the sampling_parameters tensor, else the request's Triton parameters
         # (the vLLM backend's rule: with the tensor, request parameters are not read)

@@ -23,7 +23,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 class SupervisedServer:
     """scripts/launch_triton.py running `repo` (see the module doc). Ports: http / grpc / metrics."""
 
-    def __init__(self, repo: Path, model_dir: str, log_path: Path, drain_grace: float = 30.0, extra=()):
+    def __init__(self, repo: Path, model_dir: str, log_path: Path, drain_grace: float = 30.0, extra=(),
+                 env: dict | None = None):
+        """env: variables set for the launcher on top of this process's (e.g. TRITON_ADMIN_KEY)."""
         self.http_port, self.grpc_port, self.metrics_port = launcher.free_ports(3)
         self.http_base = f"http://127.0.0.1:{self.http_port}"
         self.grpc_url = f"127.0.0.1:{self.grpc_port}"
@@ -37,6 +39,7 @@ class SupervisedServer:
              "--metrics-port", str(self.metrics_port), "--log-file", str(self.server_log),
              "--drain-grace", str(drain_grace), *extra],
             stdout=self._out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT,
+            env={**os.environ, **(env or {})},
             preexec_fn=procs.set_parent_death_signal)
 
     def output(self) -> str:

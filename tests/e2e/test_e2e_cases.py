@@ -232,6 +232,22 @@ def test_long_prompts_rejected_while_other_requests_keep_running(triton_server, 
     assert server_ready(http)
 
 
+def test_a_prompt_of_megabytes_is_refused_before_tokenizing_on_both_models(triton_server):
+    """4 MB of text cannot fit in any max_model_len of this model: refused at once naming text_input
+    (tokenizing 50 MB took the preprocessing stub 85 s before the byte bound), over gRPC and HTTP."""
+    url, http = triton_server.grpc_url, triton_server.http_base
+    huge = "lorem ipsum " * (4 * 1024 * 1024 // 12)
+    for r in (ensemble_stream(url, huge, stream=True, max_tokens=4),
+              llm_stream(url, huge, stream=True, sampling_parameters={"max_tokens": "4"})):
+        msg = assert_grpc_invalid(r, "text_input")
+        assert f"too long: {len(huge)} bytes cannot fit in max_" in msg, msg
+    for model, payload in (("ensemble", {"text_input": huge, "max_tokens": 4}),
+                           ("llm", {"text_input": huge, "sampling_parameters": '{"max_tokens": "4"}'})):
+        msg = assert_http_invalid(http_generate(http, model, payload), "text_input")
+        assert "too long" in msg, msg
+    assert server_ready(http)
+
+
 # -- max_tokens absent -> until EOS (never a silent 16) --------------------------------------------
 
 UNTIL_EOS_PROMPT = "Write two sentences about cats."

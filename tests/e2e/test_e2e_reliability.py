@@ -8,12 +8,18 @@
   reloads the model, requests succeed again;
 - SIGKILL of a tensor-parallel worker (tiny Llama, TP=2): the same;
 - SIGTERM with streams in flight: readiness false at once, a new request refused with the drain's
-  UNAVAILABLE message, the streams in flight finish normally, the launcher exits 0.
+  UNAVAILABLE message, the streams in flight finish normally, the launcher exits 0;
+- who may call it (launcher/admin_api.py): a repository load that uploads a model.py is refused over
+  HTTP and gRPC without the admin header or with a wrong one (the uploaded code never runs: the marker
+  it would write never appears, while the same upload with the operator's TRITON_ADMIN_KEY does run
+  it), unload of `llm` is refused and `llm` keeps serving, shared-memory registration is refused.
 Times are printed (the soak reports them under load); the asserted bounds are generous time-outs.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import re
 import signal
@@ -36,6 +42,7 @@ FAULT_AFTER_STEPS = 400
 LONG = {"temperature": "0", "max_tokens": "300", "ignore_eos": "true"}
 SHORT = {"temperature": "0", "max_tokens": "8"}
 RECOVER_S = 180  # generous: a restart loads every model again on a loaded 2-core machine
+ADMIN_KEY = "operator-key-for-the-reliability-tests"  # TRITON_ADMIN_KEY of the module's server
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +55,8 @@ def server(tmp_path_factory, smollm2_dir):
         set_config_parameter(cfg, "num_kv_blocks", "64")
         set_config_parameter(cfg, "max_model_len", "2048")
 
-    s = SupervisedServer(copy_repository(tmp / "model_repository", edit=edit), smollm2_dir, tmp / "launcher.log", drain_grace=60)
+    s = SupervisedServer(copy_repository(tmp / "model_repository", edit=edit), smollm2_dir, tmp / "launcher.log",
+                         drain_grace=60, env={"TRITON_ADMIN_KEY": ADMIN_KEY})
     s.wait(s.ready, 300, "ready")
     yield s
     s.stop()
@@ -133,7 +141,8 @@ def test_an_unload_lets_the_streams_in_flight_finish_and_the_supervisor_loads_it
     stream = _started(GrpcStream(s.grpc_url, "llm", llm_inputs("Once upon a time", True, LONG,
                                                                 return_num_output_tokens=True), timeout=300))
     t0 = time.monotonic()
-    httpclient.InferenceServerClient(f"127.0.0.1:{s.http_port}", network_timeout=300).unload_model("llm")
+    httpclient.InferenceServerClient(f"127.0.0.1:{s.http_port}", network_timeout=300).unload_model(
+        "llm", headers={"paddle-llm-admin-key": ADMIN_KEY})
     (rest,) = run_concurrently([stream.collect], timeout=300)
     assert rest.error is None and rest.final_seen, f"{rest.error} after {len(rest.responses)} more responses"
     assert _tokens(stream, rest, "num_output_tokens") == 300
@@ -145,6 +154,62 @@ def test_an_unload_lets_the_streams_in_flight_finish_and_the_supervisor_loads_it
     assert _restarts(s) == before + 1
     print(f"\n[reliability] unload with a 300-token stream in flight: the stream completed, serving again "
           f"{time.monotonic() - t0:.1f} s after the unload")
+
+
+def _probe_model(marker: Path) -> tuple[str, dict[str, bytes]]:
+    """A Python-backend model whose files travel in a load request (Triton's repository extension:
+    `config` + `file:<path>` parameters): its initialize() writes `marker`, i.e. runs uploaded code."""
+    config = json.dumps({"name": "probe", "backend": "python", "max_batch_size": 0,
+                         "input": [{"name": "IN", "data_type": "TYPE_FP32", "dims": [1]}],
+                         "output": [{"name": "OUT", "data_type": "TYPE_FP32", "dims": [1]}]})
+    code = (f"class TritonPythonModel:\n    def initialize(self, args):\n"
+            f"        open({str(marker)!r}, 'w').write('uploaded code ran')\n"
+            f"    def execute(self, requests):\n        return []\n")
+    return config, {"file:1/model.py": code.encode()}
+
+
+def test_uploaded_model_code_and_unload_are_refused_without_the_admin_key(server, tmp_path):
+    import grpc
+    import requests as rq
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    s = server
+    marker = tmp_path / "uploaded_code_ran"
+    config, files = _probe_model(marker)
+    body = {"parameters": {"config": config, **{k: base64.b64encode(v).decode() for k, v in files.items()}}}
+    url = f"{s.http_base}/v2/repository/models/probe/load"
+    for headers in ({}, {"paddle-llm-admin-key": "not-the-key-0123456789"}):
+        r = rq.post(url, json=body, headers=headers, timeout=60)
+        assert r.status_code == 403 and "restricted" in r.text, (r.status_code, r.text)
+        r = rq.post(f"{s.http_base}/v2/repository/models/llm/unload", headers=headers, timeout=60)
+        assert r.status_code == 403, (r.status_code, r.text)
+    shm = rq.post(f"{s.http_base}/v2/systemsharedmemory/region/r0/register",
+                  json={"key": "/probe", "offset": 0, "byte_size": 64}, timeout=10)
+    assert shm.status_code == 403, (shm.status_code, shm.text)
+    client = grpcclient.InferenceServerClient(s.grpc_url)
+    for call in (lambda: client.load_model("probe", config=config, files=files),
+                 lambda: client.unload_model("llm"),
+                 lambda: client.get_model_repository_index()):
+        with pytest.raises(InferenceServerException, match="restricted"):
+            call()
+    time.sleep(1.0)  # a load that got through would have finished before its answer; be generous
+    assert not marker.exists(), "uploaded model code ran"
+    assert s.ready()
+    _short_ok(s)  # llm was not unloaded
+    # the same upload with the operator's key (TRITON_ADMIN_KEY): this proves the payload above is
+    # code that runs when the API is open, so the refusals are what kept it from running
+    admin = {"triton-grpc-protocol-paddle-llm-admin-key": ADMIN_KEY}
+    try:
+        client.load_model("probe", config=config, files=files, headers=admin)
+        assert marker.read_text() == "uploaded code ran"
+    finally:
+        try:
+            client.unload_model("probe", headers=admin)
+        except (InferenceServerException, grpc.RpcError):
+            pass
+    client.close()
+    _short_ok(s)
 
 
 def test_sigterm_drains_streams_in_flight_and_exits_zero(server):

@@ -26,14 +26,15 @@ class FakeGate:
 class FakeServer:
     pid = 4242
     http_port = 1
+    admin_headers = {"paddle-llm-admin-key": "k" * 32}
 
     def __init__(self, events):
         self.gate = FakeGate(events)
 
 
 class FakeRepo:
-    def __init__(self, _port):
-        pass
+    def __init__(self, _port, headers=None):
+        assert headers == FakeServer.admin_headers  # the drain's unloads pass the restricted API
 
     def index(self):
         return {}  # nothing loaded: the unload step has nothing to wait for

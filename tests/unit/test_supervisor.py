@@ -23,11 +23,17 @@ from paddle_llm_triton.launcher.supervisor import Supervisor, stub_identity, unh
 from paddle_llm_triton.restarts import notify_failure, restart_count
 
 
+ADMIN = {"paddle-llm-admin-key": "k" * 32}  # the launcher's admin header (admin_api.py)
+
+
 class FakeTriton:
-    """/v2/repository/index|models/<m>/load|unload and /metrics. `stuck` models never unload."""
+    """/v2/repository/index|models/<m>/load|unload and /metrics. `stuck` models never unload. The
+    repository API is restricted as the launcher starts Triton: 403 without the admin header (counted
+    in `refused`)."""
 
     def __init__(self, models):
         self.state = {m: "READY" for m in models}
+        self.refused = 0
         self.calls: list[tuple[str, str]] = []
         self.stuck: set[str] = set()
         self.metrics = ""
@@ -49,6 +55,9 @@ class FakeTriton:
             def do_POST(self):
                 n = int(self.headers.get("Content-Length", 0))
                 self.rfile.read(n)
+                if all(self.headers.get(k) != v for k, v in ADMIN.items()):
+                    outer.refused += 1
+                    return self._reply(403, b'{"error":"This API is restricted"}')
                 parts = self.path.strip("/").split("/")
                 if self.path.endswith("/index"):
                     return self._reply(200, json.dumps([{"name": m, "state": s} for m, s in outer.state.items()]).encode())
@@ -86,6 +95,7 @@ class FakeServer:
     def __init__(self, triton: FakeTriton):
         self.pid = os.getpid()
         self.http_port = triton.port
+        self.admin_headers = dict(ADMIN)
         self.metrics_url = f"http://127.0.0.1:{triton.port}/metrics"
         self.proc = subprocess.Popen(["sleep", "600"])  # "running"
         self.restarted = threading.Event()
@@ -160,6 +170,7 @@ def test_a_dead_stub_is_reloaded_behind_a_closed_gate(rig):
     stubs[("llm", "llm_0_0")].wait()
     assert wait_for(lambda: ("load", "llm") in triton.calls)
     assert triton.calls[:2] == [("unload", "llm"), ("load", "llm")]
+    assert triton.refused == 0  # every repository call carried the admin header
     assert wait_for(lambda: gate.log == ["close", "open"])
     assert restart_count("llm") == 1 and restart_count("ensemble") == 0
     assert any("stub llm_0_0" in l and "exited" in l for l in lines), lines
@@ -243,3 +254,34 @@ def test_a_drain_that_lost_nothing_is_clean_whatever_tritonserver_exits_with():
     assert not clean_despite_exit_code(None, 1, killed=False)
     # exit 1 with every model unloaded is some other failure of tritonserver's
     assert not clean_despite_exit_code({**clean, "stuck": []}, 1, killed=False)
+
+
+def test_a_model_loaded_later_by_an_operator_is_not_supervised(tmp_path, monkeypatch):
+    """Only the served repository's models are reloaded: a model an operator loaded through the
+    repository API (its files maybe only in that request) and unloaded again is left alone, while a
+    repository model's dead stub still is reloaded."""
+    triton = FakeTriton(["llm", "probe"])
+    server = FakeServer(triton)
+    stubs = {m: spawn_stub(tmp_path, m, f"{m}_0_0") for m in ("llm", "probe")}
+    time.sleep(0.2)
+    gate = FakeGate()
+    sup = Supervisor(server, tmp_path / "state", gate=gate, poll_s=0.05, metrics_every_s=0.1,
+                     unload_timeout_s=0.5, log=lambda line: None, models=("llm",))
+    monkeypatch.setenv("PADDLE_LLM_SUPERVISOR_STATE", str(tmp_path / "state"))
+    try:
+        sup.start()
+        time.sleep(0.2)
+        stubs["probe"].kill()
+        stubs["probe"].wait()
+        time.sleep(0.5)  # ten polls
+        assert triton.calls == [] and gate.log == []
+        stubs["llm"].kill()
+        stubs["llm"].wait()
+        assert wait_for(lambda: ("load", "llm") in triton.calls)
+        assert all(model == "llm" for _, model in triton.calls), triton.calls
+    finally:
+        sup.stop()
+        for p in stubs.values():
+            p.kill()
+        server.proc.kill()
+        triton.close()

@@ -38,8 +38,9 @@ def frontend_command(grpc_port: int, metrics_port: int, openai_port: int, model_
 class OpenAIFrontend:
     """A running frontend process. url: "http://host:port/v1" (what OpenAI clients take as base_url)."""
 
-    def __init__(self, cmd: list[str], port: int, log_path: Path | None, log=print):
+    def __init__(self, cmd: list[str], port: int, log_path: Path | None, log=print, env: dict | None = None):
         self.cmd, self.port, self.log_path, self.log = cmd, port, log_path, log
+        self.extra_env = dict(env or {})
         self.base = f"http://127.0.0.1:{port}"
         self.url = f"{self.base}/v1"
         self.restarts = 0
@@ -51,7 +52,7 @@ class OpenAIFrontend:
         out = open(self.log_path, mode) if self.log_path is not None else None
         self._last_start = time.monotonic()
         try:
-            env = dict(os.environ, PYTHONUNBUFFERED="1")
+            env = dict(os.environ, PYTHONUNBUFFERED="1", **self.extra_env)
             return subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT if out else None, env=env,
                                     preexec_fn=procs.set_parent_death_signal, close_fds=True)
@@ -122,10 +123,12 @@ class OpenAIFrontend:
 
 def start_frontend(grpc_port: int, metrics_port: int, openai_port: int, model_dir, log_path=None,
                    host: str | None = None, served_model_names=None, drain_grace: float = 30.0,
-                   log=print) -> OpenAIFrontend:
-    """Start the frontend against the Triton on 127.0.0.1:grpc_port (not waiting for it)."""
+                   log=print, env: dict | None = None) -> OpenAIFrontend:
+    """Start the frontend against the Triton on 127.0.0.1:grpc_port (not waiting for it). env:
+    variables set for it on top of this process's (e.g. VLLM_API_KEY: secrets go through the
+    environment, never its command line)."""
     if log_path is not None:
         log_path = Path(log_path)
         log_path.parent.mkdir(parents=True, exist_ok=True)
     cmd = frontend_command(grpc_port, metrics_port, openai_port, model_dir, host, served_model_names, drain_grace)
-    return OpenAIFrontend(cmd, openai_port, log_path, log)
+    return OpenAIFrontend(cmd, openai_port, log_path, log, env)

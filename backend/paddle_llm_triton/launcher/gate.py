@@ -77,8 +77,8 @@ class ReadinessGate:
     """close() / open() / shut() (see the module doc). Thread-safe; close() and open() nest: the
     gate opens when every close() has had its open()."""
 
-    def __init__(self, http_port: int, root: str | Path):
-        self.repo = RepositoryClient(http_port)
+    def __init__(self, http_port: int, root: str | Path, admin_headers: dict[str, str] | None = None):
+        self.repo = RepositoryClient(http_port, headers=admin_headers)
         self.flags = Path(root) / "gate_flags"
         self._lock = threading.Lock()
         self._closes = 0

@@ -19,12 +19,16 @@ class RepositoryError(RuntimeError):
 
 
 class RepositoryClient:
-    def __init__(self, http_port: int, host: str = "127.0.0.1"):
+    """headers: sent with every repository request (the launcher's admin header, admin_api.py: the
+    repository API is restricted on the servers it starts)."""
+
+    def __init__(self, http_port: int, host: str = "127.0.0.1", headers: dict[str, str] | None = None):
         self.base = f"http://{host}:{http_port}"
+        self.headers = dict(headers or {})
 
     def _post(self, path: str, body: dict | None = None, timeout: float = 10.0):
         req = urllib.request.Request(self.base + path, data=json.dumps(body or {}).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json", **self.headers})
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
                 data = r.read()

@@ -24,6 +24,11 @@ engine reports unhealthy, and `drain(grace_s)` (shutdown.py) drains before `stop
 window DRAIN_ACCEPT_S, read at start: the seconds new requests are still served after readiness turned
 false). The supervisor's state folder reaches the models as PADDLE_LLM_SUPERVISOR_STATE (restart counts).
 
+Who may call the administrative APIs (admin_api.py): every server started here restricts Triton's
+model-repository, shared-memory, trace and logging APIs to requests that carry the launcher's admin
+header (a secret made per start unless TRITON_ADMIN_KEY is set; TRITON_RESTRICTED_APIS changes the
+list). The handle's `admin_headers` open them for the supervisor, the readiness gate and the drain.
+
 Only the standard library is used here.
 """
 
@@ -43,6 +48,7 @@ import urllib.request
 from pathlib import Path
 
 from paddle_llm_triton.launcher import procs
+from paddle_llm_triton.launcher.admin_api import AdminAccess, admin_access
 from paddle_llm_triton.launcher.procs import STUB_NAME
 from paddle_llm_triton.restarts import STATE_ENV
 
@@ -114,8 +120,11 @@ class TritonServer:
     """A running tritonserver process; `stop()` shuts it down cleanly (see module doc)."""
 
     def __init__(self, proc: subprocess.Popen, http_port: int, grpc_port: int, metrics_port: int,
-                 log_path: Path | None, exit_timeout: int, kill_after: float):
+                 log_path: Path | None, exit_timeout: int, kill_after: float, admin: AdminAccess | None = None):
         self.proc = proc
+        self.admin = admin or AdminAccess((), "")
+        # what an HTTP client sends to call a restricted API (repository load / unload); never logged
+        self.admin_headers = self.admin.http_headers()
         self.pid = proc.pid
         self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
         self.http_url = f"127.0.0.1:{http_port}"  # tritonclient style (no scheme)
@@ -349,11 +358,14 @@ def server_command(model_repo, http_port, grpc_port, metrics_port, backend_dir=N
 def start_server(model_repo, http_port: int, grpc_port: int, metrics_port: int, model_dir=None,
                  log_path=None, backend_dir=None, extra_args=(), exit_timeout: int = 5,
                  kill_after: float = 15.0, env: dict | None = None, python_bin=None,
-                 supervise: bool = False, log=print) -> TritonServer:
+                 supervise: bool = False, log=print, admin: AdminAccess | None = None) -> TritonServer:
     """Start tritonserver (not waiting for it). log_path None: output goes to this process's stdout.
     env: the server's base environment (default os.environ); python_bin: see server_env.
     supervise: supervised mode (see the module doc; the supervisor starts with wait_ready(), or call
-    handle.supervisor.start() once ready); log(line): where the supervisor reports."""
+    handle.supervisor.start() once ready); log(line): where the supervisor reports.
+    admin: the restricted-API policy (default: admin_api.admin_access() from `env`: the repository,
+    shared-memory, trace and logging APIs need the handle's admin_headers). Raises ValueError for a
+    bad TRITON_RESTRICTED_APIS / TRITON_ADMIN_KEY, or restricted-API flags in extra_args."""
     import tempfile
 
     from paddle_llm_triton.launcher.gate import ReadinessGate, make_gate_repository
@@ -362,6 +374,8 @@ def start_server(model_repo, http_port: int, grpc_port: int, metrics_port: int, 
 
     # a bad DRAIN_ACCEPT_S fails here, at start, not when the server is asked to stop
     drain_accept_s = accept_seconds() if supervise else 0.0
+    if admin is None:
+        admin = admin_access(os.environ if env is None else env, extra_args)
     backend_dir = Path(backend_dir or DEFAULT_BACKEND_DIR)
     if not (backend_dir / "python" / STUB_NAME).is_file():
         raise FileNotFoundError(f"{backend_dir}/python/{STUB_NAME} missing (run scripts/setup.sh)")
@@ -375,17 +389,17 @@ def start_server(model_repo, http_port: int, grpc_port: int, metrics_port: int, 
         env = dict(os.environ if env is None else env)
         env[STATE_ENV] = str(state_dir)
     cmd = server_command(model_repo, http_port, grpc_port, metrics_port, backend_dir,
-                         exit_timeout, extra_args)
+                         exit_timeout, [*admin.server_args(), *extra_args])
     if log_path is not None:
         log_path = Path(log_path)
         log_path.parent.mkdir(parents=True, exist_ok=True)
     launch = (cmd, server_env(model_dir, env, python_bin))
     server = TritonServer(_popen(launch, log_path, "wb"), http_port, grpc_port, metrics_port, log_path,
-                          exit_timeout, kill_after)
+                          exit_timeout, kill_after, admin)
     server._launch = launch
     if supervise:
         server.drain_accept_s = drain_accept_s
         server.state_dir = state_dir
-        server.gate = ReadinessGate(http_port, state_dir)
-        server.supervisor = Supervisor(server, state_dir, gate=server.gate, log=log)
+        server.gate = ReadinessGate(http_port, state_dir, server.admin_headers)
+        server.supervisor = Supervisor(server, state_dir, gate=server.gate, log=log, models=tuple(models))
     return server

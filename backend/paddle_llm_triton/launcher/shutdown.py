@@ -57,7 +57,7 @@ def drain(server, grace_s: float, log: Callable[[str], None] = print, accept_s: 
     summary: in_flight when refusals started, left (requests still in flight when waiting ended),
     open_responses, stuck (models Triton kept), accept_s, seconds (the whole drain)."""
     t0 = time.monotonic()
-    repo = RepositoryClient(server.http_port)
+    repo = RepositoryClient(server.http_port, headers=server.admin_headers)
     if accept_s > 0:
         server.gate.close()
         log(f"launch_triton: readiness false; new requests still served for {accept_s:g} s ({ACCEPT_ENV}) "

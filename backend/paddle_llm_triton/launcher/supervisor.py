@@ -93,14 +93,17 @@ class Supervisor:
     """See the module doc. `server`: the TritonServer handle (pid, ports); `log(line)` prints."""
 
     def __init__(self, server, state_dir: str | Path, ignore: tuple[str, ...] = (), gate=None,
-                 poll_s: float = 0.5,
+                 poll_s: float = 0.5, models: tuple[str, ...] | None = None,
                  metrics_every_s: float = 1.0, unload_timeout_s: float = 2.0, log: Callable[[str], None] = print):
         self.server = server
-        self.repo = RepositoryClient(server.http_port)
+        self.repo = RepositoryClient(server.http_port, headers=server.admin_headers)
         self.state_dir = Path(state_dir)
         from paddle_llm_triton.launcher.gate import GATE_MODELS
 
         self.ignore = set(ignore) | set(GATE_MODELS)
+        # the models of the served repository (None: every model seen); one loaded later through the
+        # repository API by an operator is theirs to manage: its files may exist only in that request
+        self.models = None if models is None else set(models)
         self.gate = gate  # a gate.ReadinessGate, held closed while any reload runs
         self.poll_s, self.metrics_every_s = poll_s, metrics_every_s
         self.unload_timeout_s = unload_timeout_s
@@ -153,9 +156,12 @@ class Supervisor:
         out = {}
         for pid, start in procs.children(self.server.pid).items():
             ident = stub_identity(pid)
-            if ident is not None and ident[0] not in self.ignore:
+            if ident is not None and self._watched(ident[0]):
                 out[ident] = (pid, start)
         return out
+
+    def _watched(self, model: str) -> bool:
+        return model not in self.ignore and (self.models is None or model in self.models)
 
     def _run(self) -> None:
         next_metrics = 0.0
@@ -187,7 +193,7 @@ class Supervisor:
                 scraped_at = time.monotonic()
                 next_metrics = scraped_at + self.metrics_every_s
                 for model, inst in self._scrape_unhealthy():
-                    if model and model not in reloading and model not in self.ignore:
+                    if model and model not in reloading and self._watched(model):
                         self._on_failure(model, "unhealthy", f"instance {inst} reports llm_engine_healthy 0",
                                          observed_at=scraped_at)
                         reloading.add(model)
@@ -205,7 +211,7 @@ class Supervisor:
                 model, inst = str(msg["model"]), str(msg["instance"])
             except (ValueError, KeyError, TypeError):
                 continue
-            if model not in self.ignore:
+            if self._watched(model):
                 self._on_failure(model, "unhealthy", f"instance {inst} reports an engine failure "
                                                      f"({str(msg.get('reason', ''))[:300]})")
 

@@ -10,7 +10,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from paddle_llm_engine import InvalidRequestError, ModelConfig
-from paddle_llm_engine.tokenizer import encode_prompt, load_tokenizer
+from paddle_llm_engine.tokenizer import check_prompt_bytes, encode_prompt, load_tokenizer
 from paddle_llm_triton import tensors as T
 from paddle_llm_triton.config_params import resolve_model_dir
 from paddle_llm_triton.contracts import trtllm
@@ -23,7 +23,10 @@ class TritonPythonModel:
     def initialize(self, args):
         model_dir = resolve_model_dir(json.loads(args["model_config"]))
         self.tokenizer = load_tokenizer(model_dir)
-        self.vocab_size = ModelConfig.from_dir(model_dir).vocab_size  # the engine's bound (config.json)
+        model = ModelConfig.from_dir(model_dir)
+        self.vocab_size = model.vocab_size  # the engine's bound (config.json)
+        # no engine's max_model_len can exceed it: a prompt that cannot fit is refused untokenized
+        self.max_position_embeddings = model.max_position_embeddings
 
     def execute(self, requests):
         responses = []
@@ -40,6 +43,7 @@ class TritonPythonModel:
         if text is None or text == "":
             raise InvalidRequestError("text_input", "required and must not be empty")
         params = trtllm.from_trtllm_tensors(trtllm.tensor_values(request), self.vocab_size)
+        check_prompt_bytes(self.tokenizer, text, self.max_position_embeddings, limit_name="max_position_embeddings")
         ids = encode_prompt(self.tokenizer, text, chat=bool(T.get_bool(request, "apply_chat_template")))
         if not ids:
             raise InvalidRequestError("text_input", "tokenizes to 0 tokens")
