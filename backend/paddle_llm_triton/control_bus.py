@@ -23,7 +23,7 @@ import threading
 import time
 from typing import Callable
 
-from paddle_llm_triton.unix_names import bound_names
+from paddle_llm_triton.unix_names import accept_credentials, bound_names, recv_same_user
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,7 @@ class ControlBus:
         self._out.setblocking(False)
         try:
             self._sock.bind(address(self.server_pid, model_name, instance_name))
+            accept_credentials(self._sock)
         except OSError as e:  # e.g. a second server with the same parent pid in another namespace
             log.warning("control socket disabled for %s: %s", instance_name, e)
             self._sock.close()
@@ -103,11 +104,15 @@ class ControlBus:
     def _run(self) -> None:
         while not self._closed:
             try:
-                data, sender = self._sock.recvfrom(MAX_DATAGRAM)
+                got = recv_same_user(self._sock, MAX_DATAGRAM)
             except OSError:
                 return
             if self._closed:
                 return
+            if got is None:
+                log.warning("control socket of %s: ignored a datagram from another user", self.instance_name)
+                continue
+            data, sender = got
             if not data:
                 continue
             try:
@@ -128,6 +133,7 @@ def ask(server_pid: int, targets: list[tuple[str, str]], msg: dict, timeout: flo
     `timeout` seconds: {(model, instance): reply}. Missing keys did not answer in time."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(f"\0{PREFIX}-client/{os.getpid()}/{threading.get_ident()}/{time.monotonic_ns()}")
+    accept_credentials(sock)
     try:
         data = json.dumps(msg).encode("utf-8")
         for model, inst in targets:
@@ -143,9 +149,12 @@ def ask(server_pid: int, targets: list[tuple[str, str]], msg: dict, timeout: flo
                 break
             sock.settimeout(left)
             try:
-                raw, _ = sock.recvfrom(MAX_DATAGRAM)
+                got = recv_same_user(sock, MAX_DATAGRAM)
             except socket.timeout:
                 break
+            if got is None:
+                continue
+            raw = got[0]
             try:
                 reply = json.loads(raw.decode("utf-8"))
                 replies[(reply.get("model"), reply.get("instance"))] = reply

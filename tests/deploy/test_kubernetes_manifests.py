@@ -37,13 +37,14 @@ SERVE_SH = REPO / "scripts" / "serve.sh"
 SHUTDOWN_PY = REPO / "backend" / "paddle_llm_triton" / "launcher" / "shutdown.py"
 # Where the environment variables a Deployment sets must be read (else the setting does nothing).
 ENV_READERS = [SERVE_SH, REPO / "scripts" / "launch_triton.py",
-               *sorted((REPO / "backend" / "paddle_llm_triton" / "launcher").glob("*.py"))]
+               *sorted((REPO / "backend" / "paddle_llm_triton" / "launcher").glob("*.py")),
+               REPO / "backend" / "paddle_llm_openai" / "cli.py"]
 # Oldest Kubernetes the manifests are meant for (every field used is GA there) and the newest schema
 # kubernetes-validate bundles.
 K8S_VERSIONS = ("1.30", kubernetes_validate.latest_version())
 # serve.sh's port variables by the container port names of the Deployments
 PORT_VARS = {"http": "HTTP_PORT", "grpc": "GRPC_PORT", "metrics": "METRICS_PORT", "openai": "OPENAI_PORT"}
-EXPECTED_KINDS = {"Deployment": 2, "Service": 1, "PersistentVolumeClaim": 1, "HorizontalPodAutoscaler": 1,
+EXPECTED_KINDS = {"Deployment": 2, "Service": 2, "PersistentVolumeClaim": 1, "HorizontalPodAutoscaler": 1,
                   "ServiceMonitor": 1, "InferencePool": 1}
 
 
@@ -86,8 +87,8 @@ def container(deployment: dict) -> dict:
 
 
 def deployment_env(deployment: dict) -> dict[str, str]:
-    """The container's env as name -> value (plain values only)."""
-    return {e["name"]: e["value"] for e in container(deployment).get("env", [])}
+    """The container's env as name -> value (a value from a Secret: "<secret>")."""
+    return {e["name"]: e.get("value", "<secret>") for e in container(deployment).get("env", [])}
 
 
 def serve_sh_port_defaults() -> dict[str, int]:
@@ -330,22 +331,40 @@ def test_grace_period_covers_the_drain(deployment):
 # ---- the objects refer to each other -------------------------------------------------------------
 
 def test_service_servicemonitor_and_pool_select_the_server_pods():
-    (svc,) = objects("Service")
+    services = {s["metadata"]["name"]: s for s in objects("Service")}
+    svc, metrics_svc = services["paddle-llm"], services["paddle-llm-metrics"]
     (mon,) = objects("ServiceMonitor")
     (pool,) = objects("InferencePool")
     for dep in objects("Deployment"):
         labels = dep["spec"]["template"]["metadata"]["labels"]
         assert dep["spec"]["selector"]["matchLabels"].items() <= labels.items()
         assert svc["spec"]["selector"].items() <= labels.items()
+        assert metrics_svc["spec"]["selector"].items() <= labels.items()
         assert pool["spec"]["selector"]["matchLabels"].items() <= labels.items()
         ports = {p["name"]: p["containerPort"] for p in container(dep)["ports"]}
-        assert {p["targetPort"] for p in svc["spec"]["ports"]} <= set(ports)
+        assert {p["targetPort"] for s in (svc, metrics_svc) for p in s["spec"]["ports"]} <= set(ports)
         assert [p["number"] for p in pool["spec"]["targetPorts"]] == [ports["openai"]], \
             "the gateway speaks OpenAI: the pool targets the OpenAI frontend"
-    assert {p["name"]: p["port"] for p in svc["spec"]["ports"]} == \
-        {"http": 8000, "grpc": 8001, "metrics": 8002, "openai": 9000}
-    assert mon["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    # client traffic and metrics on separate Services: a client-facing route never carries the metrics
+    assert {p["name"]: p["port"] for p in svc["spec"]["ports"]} == {"http": 8000, "grpc": 8001, "openai": 9000}
+    assert {p["name"]: p["port"] for p in metrics_svc["spec"]["ports"]} == {"metrics": 8002}
+    assert mon["spec"]["selector"]["matchLabels"].items() <= metrics_svc["metadata"]["labels"].items()
+    assert not mon["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
     assert [e["port"] for e in mon["spec"]["endpoints"]] == ["metrics"]
+
+
+@pytest.mark.parametrize("deployment", objects("Deployment"), ids=lambda d: d["metadata"]["name"])
+def test_the_api_key_comes_from_a_secret_and_the_admin_apis_stay_restricted(deployment):
+    """The OpenAI key is never a literal in a manifest and a missing Secret stops the pod (no silent
+    open API); the launcher's restricted-API list keeps model-repository and shared-memory closed."""
+    from paddle_llm_triton.launcher.admin_api import parse_apis
+
+    env = {e["name"]: e for e in container(deployment)["env"]}
+    ref = env["VLLM_API_KEY"]["valueFrom"]["secretKeyRef"]
+    assert "value" not in env["VLLM_API_KEY"] and ref["optional"] is False
+    apis = parse_apis((env.get("TRITON_RESTRICTED_APIS") or {}).get("value"))
+    assert {"model-repository", "shared-memory"} <= set(apis)
+    assert "TRITON_ADMIN_KEY" not in env, "the launcher makes a secret per start; none is needed here"
 
 
 def adapter_rule() -> dict:

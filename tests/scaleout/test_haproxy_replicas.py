@@ -33,6 +33,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -75,8 +76,10 @@ REQUEST_S = 120.0    # hard bound of one request (a loaded 2-core host)
 READY_S = 300.0      # hard bound of a replica's start
 SERVED_BEFORE = 3    # requests each replica's metrics must count before the SIGTERM / after its restart
 # the recipe's ports -> the test's: placeholders matched as whole "127.0.0.1:PORT" / "port PORT"
-RECIPE_PORTS = {"lb_http": 8000, "lb_grpc": 8001, "stats": 8404,
-                "r0_http": 8100, "r0_grpc": 8101, "r1_http": 8200, "r1_grpc": 8201}
+RECIPE_PORTS = {"lb_http": 8000, "lb_grpc": 8001, "lb_openai": 9000, "stats": 8404,
+                "r0_http": 8100, "r0_grpc": 8101, "r0_openai": 8103,
+                "r1_http": 8200, "r1_grpc": 8201, "r1_openai": 8203}
+API_KEY = "sk-scaleout-test-0123456789"  # the replicas' VLLM_API_KEY (the recipe: one key for all)
 
 
 # -- HAProxy ---------------------------------------------------------------------------------------
@@ -126,7 +129,7 @@ class HAProxy:
             st = self.status()
         except (requests.RequestException, KeyError):
             return set()
-        return {st.get(("triton_http", server), "?"), st.get(("triton_grpc", server), "?")}
+        return {st.get((b, server), "?") for b in ("triton_http", "triton_grpc", "openai")}
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -177,10 +180,15 @@ def _replica_env(ports=None):
             os.environ["DRAIN_ACCEPT_S"] = old
 
 
-def start_replica(repo: Path, model_dir: str, log: Path, ports=None) -> SupervisedServer:
-    """A replica's launcher (not waiting for it)."""
+def start_replica(repo: Path, model_dir: str, log: Path, ports=None, openai_port: int | None = None) -> SupervisedServer:
+    """A replica's launcher (not waiting for it), with its OpenAI frontend on `openai_port` (default a
+    free one; kept as .openai_port) behind the API key."""
+    openai_port = openai_port or launcher.free_port()
     with _replica_env(ports):
-        return SupervisedServer(repo, model_dir, log, drain_grace=30.0)
+        s = SupervisedServer(repo, model_dir, log, drain_grace=30.0, extra=("--openai-port", str(openai_port)),
+                             env={"VLLM_API_KEY": API_KEY})
+    s.openai_port = openai_port
+    return s
 
 
 def served(s: SupervisedServer) -> float:
@@ -276,8 +284,9 @@ def cluster(tmp_path_factory, smollm2_dir, haproxy_bin):
         for r in c["replicas"]:
             r.wait(r.ready, READY_S, "ready")
         r0, r1 = c["replicas"]
-        ports = dict(zip(("lb_http", "lb_grpc", "stats"), launcher.free_ports(3)),
-                     r0_http=r0.http_port, r0_grpc=r0.grpc_port, r1_http=r1.http_port, r1_grpc=r1.grpc_port)
+        ports = dict(zip(("lb_http", "lb_grpc", "lb_openai", "stats"), launcher.free_ports(4)),
+                     r0_http=r0.http_port, r0_grpc=r0.grpc_port, r0_openai=r0.openai_port,
+                     r1_http=r1.http_port, r1_grpc=r1.grpc_port, r1_openai=r1.openai_port)
         c["lb"] = HAProxy(haproxy_bin, ports, tmp)
         for name in ("replica1", "replica2"):
             wait_for(lambda: c["lb"].server_state(name) == {"UP"}, 30, f"HAProxy: {name} UP")
@@ -324,10 +333,47 @@ def _sigterm_and_watch(lb: HAProxy, victim: SupervisedServer, load: LoadProcess)
     return {"t_term": t_term, "not_ready_after_s": not_ready, "down_after_s": down}
 
 
+def test_the_recipe_refuses_admin_apis_and_big_bodies_and_passes_the_openai_key(cluster):
+    """Through HAProxy: Triton's repository, shared-memory, trace and logging APIs are 403 on both
+    protocols (even with a replica's admin header: an operator calls the replica itself); a body
+    declared above 8 MiB is 413 before it is sent; the OpenAI API answers 401 without the replicas'
+    key and serves with it, streamed and not."""
+    import openai
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    lb: HAProxy = cluster["lb"]
+    for path in ("/v2/repository/index", "/v2/repository/models/llm/unload", "/v2/systemsharedmemory/status",
+                 "/v2/trace/setting", "/v2/models/llm/trace/setting", "/v2/logging"):
+        r = requests.post(lb.http_base + path, json={}, headers={"paddle-llm-admin-key": "x" * 20}, timeout=10)
+        assert r.status_code == 403 and "restricted" not in r.text, (path, r.status_code, r.text)  # HAProxy's
+    client = grpcclient.InferenceServerClient(lb.grpc_url)
+    for call in (client.get_model_repository_index, lambda: client.unload_model("llm"),
+                 client.get_system_shared_memory_status):
+        with pytest.raises(InferenceServerException):
+            call()
+    assert client.is_model_ready("llm")  # inference and health pass
+    client.close()
+    with socket.create_connection(("127.0.0.1", lb.ports["lb_http"]), timeout=10) as sock:
+        sock.sendall(b"POST /v2/models/llm/generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 52428800\r\n\r\n")
+        assert sock.recv(200).startswith(b"HTTP/1.1 413"), "a 50 MB body was not refused at once"
+    base = f"http://127.0.0.1:{lb.ports['lb_openai']}/v1"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=base, api_key="sk-wrong", max_retries=0, timeout=60).models.list()
+    oc = openai.OpenAI(base_url=base, api_key=API_KEY, max_retries=0, timeout=REQUEST_S)
+    msg = [{"role": "user", "content": "Say hi"}]
+    whole = oc.chat.completions.create(model="llm", messages=msg, max_tokens=8, temperature=0)
+    parts = [c.choices[0].delta.content or "" for c in oc.chat.completions.create(
+        model="llm", messages=msg, max_tokens=8, temperature=0, stream=True) if c.choices]
+    assert whole.choices[0].message.content and "".join(parts) == whole.choices[0].message.content
+
+
 def test_two_replicas_behind_haproxy_drain_and_come_back_with_zero_failures(cluster):
     t_start = time.monotonic()
     lb: HAProxy = cluster["lb"]
     r0, r1 = cluster["replicas"]
+    log_from = len(lb.log_text())  # the lines of earlier tests (the recipe's refusals) are not this load's
     load = LoadProcess(lb, cluster["tmp"])
     try:
         # 1. both replicas serve (their own metrics)
@@ -342,7 +388,7 @@ def test_two_replicas_behind_haproxy_drain_and_come_back_with_zero_failures(clus
         assert code == 0, r0.output()[-3000:]
         assert re.search(r"drained in [0-9.]+ s \(0 request\(s\) were still in flight", r0.output()), r0.output()[-2000:]
         back = start_replica(cluster["repo"], cluster["model_dir"], cluster["tmp"] / "replica0_restart.log",
-                             ports=(r0.http_port, r0.grpc_port, r0.metrics_port))
+                             ports=(r0.http_port, r0.grpc_port, r0.metrics_port), openai_port=r0.openai_port)
         cluster["replicas"].append(back)
         back.wait(back.ready, READY_S, "ready again")
         up_after = wait_for(lambda: lb.server_state("replica1") == {"UP"}, 30, "HAProxy: replica1 UP again")
@@ -350,12 +396,12 @@ def test_two_replicas_behind_haproxy_drain_and_come_back_with_zero_failures(clus
         served_again = served(back)
     finally:
         records = load.stop()
-    _judge(lb, records, term, before, served_again, drained_after, up_after, time.monotonic() - t_start)
+    _judge(lb, records, term, before, served_again, drained_after, up_after, time.monotonic() - t_start, log_from)
 
 
-def _judge(lb, records, term, before, served_again, drained_after, up_after, body_s) -> None:
+def _judge(lb, records, term, before, served_again, drained_after, up_after, body_s, log_from=0) -> None:
     failures = [r for r in records if r["failure"]]
-    logged = parse_requests(lb.log_text())
+    logged = parse_requests(lb.log_text()[log_from:])
     t_term = term["t_term"]
     to_victim = [q for q in logged if q["server"] == "replica1"]
     # before the restart: requests HAProxy handed replica 1 after the SIGTERM, and those in flight then

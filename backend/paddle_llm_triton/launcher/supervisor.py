@@ -40,6 +40,7 @@ from typing import Callable
 
 from paddle_llm_triton.launcher import procs
 from paddle_llm_triton.launcher.repository import RepositoryClient, RepositoryError
+from paddle_llm_triton.unix_names import accept_credentials, recv_same_user
 from paddle_llm_triton.restarts import RESTARTS_FILE, supervisor_address
 # How long a live stub whose engine failed gets to finalize and exit before its processes are killed.
 # Triton 2.51 waits for the stub process without a bound, and the stub's finalize takes 1-3 s here
@@ -123,6 +124,7 @@ class Supervisor:
         self._thread = threading.Thread(target=self._run, name="supervisor", daemon=True)
         self._notices = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._notices.bind(supervisor_address(self.state_dir))
+        accept_credentials(self._notices)
         self._notice_thread = threading.Thread(target=self._listen, name="supervisor-notices", daemon=True)
 
     def start(self) -> None:
@@ -201,9 +203,10 @@ class Supervisor:
     def _listen(self) -> None:
         while not self._stop.is_set():
             try:
-                data = self._notices.recv(8192)
+                got = recv_same_user(self._notices, 8192)
             except OSError:
                 return
+            data = got[0] if got is not None else b""  # another user's notice is not evidence
             if not data or self._paused.is_set() or self._restarting.is_set():
                 continue
             try:
