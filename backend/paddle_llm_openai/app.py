@@ -4,9 +4,14 @@
 its event loop), the served model names, the chat renderer (chat_template.ChatRenderer, loaded at
 start-up off the event loop; it also picks the tool parser), the metrics and the drain state.
 
-Disconnects: a streamed response is cancelled by Starlette when the client goes away (its
-generator's `finally` cancels the gRPC calls); a non-streamed request runs beside a watcher of the
-connection (`_until_disconnect`) and is cancelled the same way when the client leaves first.
+Disconnects: every request runs beside a watcher of the connection (`_until_disconnect`) from the
+moment it is accepted, so one that waits in the engine's queue is cancelled when its client leaves,
+streamed or not (a stream's first `llm` response is awaited before the status line goes out); once a
+stream has started, Starlette cancels it when the client goes away (its generator's `finally`
+cancels the gRPC calls).
+Readiness: /v1 routes and /tokenize, /detokenize answer 503 (`model_not_ready`) until Triton's `llm`
+is ready (checked per request, a ready answer trusted for READY_TTL_S), instead of listing a model
+that cannot serve or passing on a raw gRPC error.
 Draining (cli.py, on SIGTERM): /health/ready is 503 and new /v1 requests are 503 at once; requests
 in flight go on. API keys and the body-size limit: guards.py, inside the accounting (so 401 and 413
 are counted per endpoint).
@@ -28,10 +33,14 @@ from paddle_llm_openai import chat, completions
 from paddle_llm_openai.errors import OpenAIError
 from paddle_llm_openai.guards import DEFAULT_MAX_BODY_BYTES, Guards
 from paddle_llm_openai.metrics import FrontendMetrics
-from paddle_llm_openai.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from paddle_llm_openai.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ModelCard,
+                                       ModelList, TokenizeRequest)
 from paddle_llm_openai.triton_client import TritonLLM
 
 log = logging.getLogger("paddle_llm_openai")
+
+
+READY_TTL_S = 1.0  # how long a "ready" answer of Triton is trusted before asking again
 
 
 class Frontend:
@@ -49,6 +58,32 @@ class Frontend:
         self.draining = False
         self.in_flight = 0
         self._renderer = None
+        self._ready_at = -1.0   # time.monotonic() of the last ready answer
+        self.llm_config: dict | None = None  # llm's Triton model config (read once, when first ready)
+
+    async def serving(self) -> bool:
+        """llm is ready (a ready answer is trusted for READY_TTL_S; a not-ready one is asked again
+        on the next request). The first ready answer also reads llm's model config."""
+        now = time.monotonic()
+        if now - self._ready_at < READY_TTL_S:
+            return True
+        if self.llm is None or not await self.llm.is_ready():
+            return False
+        self._ready_at = now
+        if self.llm_config is None:
+            self.llm_config = await self.llm.model_config()
+            log.info("requests without max_tokens: %s", _default_max_tokens_note(self.llm_config))
+        return True
+
+    def max_model_len(self) -> int | None:
+        """llm's max_model_len (its config parameter; 0 there: config.json's max_position_embeddings),
+        None before llm was ready once."""
+        if self.llm_config is None:
+            return None
+        raw = _parameter(self.llm_config, "max_model_len")
+        if raw and raw.strip() not in ("", "0"):
+            return int(raw)
+        return _max_position_embeddings(self.tokenizer)
 
     @property
     def renderer(self):
@@ -62,6 +97,32 @@ class Frontend:
         return self._renderer
 
 
+def _parameter(config: dict, key: str) -> str | None:
+    return ((config.get("parameters") or {}).get(key) or {}).get("string_value")
+
+
+def _max_position_embeddings(model_dir: str | None) -> int | None:
+    import json
+    import os
+
+    try:
+        with open(os.path.join(model_dir or "", "config.json")) as f:
+            return int(json.load(f).get("max_position_embeddings"))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _default_max_tokens_note(config: dict) -> str:
+    raw = (_parameter(config, "default_max_tokens") or "0").strip()
+    if raw in ("", "0"):
+        return ("generate until EOS or max_model_len (llm's default_max_tokens 0; OpenAI documents 16 for "
+                "/v1/completions: set default_max_tokens 16 in llm's config.pbtxt for that)")
+    return f"at most {raw} tokens (llm's default_max_tokens)"
+
+
+_GATED = ("/v1/", "/tokenize", "/detokenize")
+
+
 class _Accounting:
     """ASGI middleware: /v1 requests in flight, drain refusals, per-endpoint status and time."""
 
@@ -73,10 +134,16 @@ class _Accounting:
             return await self.app(scope, receive, send)
         path = scope["path"]
         endpoint = self.fe.metrics.endpoint(path)
-        is_v1 = path.startswith("/v1/")
+        is_v1 = path.startswith(_GATED)
         if is_v1 and self.fe.draining:
             resp = OpenAIError(503, "the server is shutting down and takes no new requests; retry on another "
                                     "replica", code="service_unavailable").response()
+            self.fe.metrics.observe(endpoint, 503, 0.0)
+            return await resp(scope, receive, send)
+        if is_v1 and not await self.fe.serving():
+            resp = OpenAIError(503, f"the model is not ready yet (Triton's {self.fe.model} is loading or being "
+                                    f"restarted); retry shortly", code="model_not_ready").response()
+            resp.headers["Retry-After"] = "1"
             self.fe.metrics.observe(endpoint, 503, 0.0)
             return await resp(scope, receive, send)
         status = [500]
@@ -197,11 +264,12 @@ def _openai_routes(app: FastAPI, fe: Frontend) -> None:
         return ModelCard(id=name, created=fe.created).model_dump()
 
     async def _serve(request: Request, make, req):
-        if req.stream:
-            events = await make(fe, req)
-            return StreamingResponse(events, media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        # watched from acceptance: a request still queued in the engine is cancelled when its client
+        # leaves (a stream's make() returns only once the first llm response arrived)
         result = await _until_disconnect(request, make(fe, req))
+        if req.stream and result is not None:
+            return StreamingResponse(result, media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         if result is None:
             return Response(status_code=499)  # nobody is listening any more
         return JSONResponse(result)
@@ -213,6 +281,19 @@ def _openai_routes(app: FastAPI, fe: Frontend) -> None:
     @app.post("/v1/chat/completions")
     async def create_chat_completion(req: ChatCompletionRequest, request: Request):
         return await _serve(request, chat.create, req)
+
+    # vLLM's tokenizer endpoints (tokenize.py); the template renders off the event loop
+    @app.post("/tokenize")
+    async def tokenize_route(req: TokenizeRequest):
+        from paddle_llm_openai.tokenize import tokenize
+
+        return JSONResponse(await asyncio.to_thread(tokenize, fe, req))
+
+    @app.post("/detokenize")
+    async def detokenize_route(req: DetokenizeRequest):
+        from paddle_llm_openai.tokenize import detokenize
+
+        return JSONResponse(await asyncio.to_thread(detokenize, fe, req))
 
 
 def _health_routes(app: FastAPI, fe: Frontend) -> None:

@@ -24,8 +24,12 @@ _LLM_FIELDS = ("sampling_parameters", "text_input", "exclude_input_in_output", "
 # phrases of llm's / Triton's UNAVAILABLE messages (full queue, deadline, drain, model not loaded)
 _UNAVAILABLE = ("server busy:", "deadline exceeded:", "is shutting down and takes no new requests",
                 "the server shut down before the request finished", "the engine is stopped",
-                "unknown model", "is not ready", "is not serving", "failed earlier and serves no requests",
-                "failed to connect", "connection refused", "statuscode.unavailable", "socket closed")
+                "unknown model", "is not ready", "is not serving", "failed earlier and serves no requests")
+# the gRPC channel's own failures: their text names internal addresses and gRPC internals, which a
+# client neither needs nor should see; they are answered with a fixed message (logged in full)
+_TRANSPORT = ("failed to connect", "connection refused", "statuscode.unavailable", "socket closed",
+              "connect failed", "statuscode.internal: received rst_stream")
+TRANSPORT_MESSAGE = "the model server is not reachable or not ready (loading or restarting); retry shortly"
 _FIELD_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_.\[\]]*): (.*)$", re.S)
 
 
@@ -58,6 +62,11 @@ def classify(message: str, names: Mapping[str, str] | None = None) -> OpenAIErro
     """A Triton / llm error message -> OpenAIError. names: llm field -> OpenAI parameter for this
     request (see to_openai_param)."""
     low = message.lower()
+    if any(p in low for p in _TRANSPORT):
+        import logging
+
+        logging.getLogger("paddle_llm_openai").warning("Triton unreachable: %s", message)
+        return OpenAIError(503, TRANSPORT_MESSAGE, code="service_unavailable")
     if any(p in low for p in _UNAVAILABLE):
         return OpenAIError(503, message, code="service_unavailable")
     m = _FIELD_RE.match(message)

@@ -13,7 +13,8 @@ from __future__ import annotations
 import httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/health/ready", "/metrics")
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/tokenize", "/detokenize", "/health",
+             "/health/ready", "/metrics")
 
 
 class FrontendMetrics:

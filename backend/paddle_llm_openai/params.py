@@ -8,7 +8,8 @@ names back to this request's parameters for error messages (errors.to_openai_par
 
 Value ranges are `llm`'s (the engine's own rules; a bad value comes back as INVALID_ARG naming the
 key, mapped to 400 naming the parameter); only OpenAI-only rules are checked here (n, logprobs,
-top_logprobs, the refused and the ignored fields). n > 1: `llm` takes n = 1 only, so the endpoints
+top_logprobs, the refused and the ignored fields, and OpenAI's narrower ranges: temperature in
+[0, 2], completions logprobs in [0, 5]). n > 1: `llm` takes n = 1 only, so the endpoints
 send n requests; with a seed, sequence i gets seed + i (sequence 0 is the n = 1 answer).
 """
 
@@ -19,7 +20,9 @@ from typing import Any
 from paddle_llm_openai.errors import bad_param
 
 MAX_N = 16  # sequences per request (each is one `llm` request; more is better sent as separate requests)
-MAX_LOGPROBS = 20  # llm's range for `logprobs` (vLLM's too)
+MAX_LOGPROBS = 20  # llm's range for `logprobs` (vLLM's too); OpenAI's for chat top_logprobs
+MAX_COMPLETION_LOGPROBS = 5  # OpenAI's range for /v1/completions `logprobs`
+MAX_TEMPERATURE = 2.0  # OpenAI's range (llm itself takes any finite temperature >= 0)
 SEED_LIMIT = 2 ** 64
 
 # field -> why it is refused (when set to anything but null / its no-op value, see _NOOP)
@@ -117,6 +120,8 @@ def sampling(req, chat: bool, guide: dict | None = None, guide_param: str = "res
         names["sampling_parameters.max_tokens"] = "max_completion_tokens"
     if max_tokens is not None:
         sp["max_tokens"] = max_tokens
+    if req.temperature is not None and not 0 <= req.temperature <= MAX_TEMPERATURE:
+        raise bad_param("temperature", f"must be between 0 and {MAX_TEMPERATURE:g}, got {req.temperature}")
     for key in ("temperature", "top_p", "top_k", "min_p", "min_tokens", "ignore_eos", "presence_penalty",
                 "frequency_penalty", "repetition_penalty", "skip_special_tokens", "stop_token_ids",
                 "include_stop_str_in_output"):
@@ -137,8 +142,8 @@ def sampling(req, chat: bool, guide: dict | None = None, guide_param: str = "res
             sp["logprobs"] = k
             names["sampling_parameters.logprobs"] = "top_logprobs"
     elif req.logprobs is not None:
-        if not 0 <= req.logprobs <= MAX_LOGPROBS:
-            raise bad_param("logprobs", f"must be between 0 and {MAX_LOGPROBS}, got {req.logprobs}")
+        if not 0 <= req.logprobs <= MAX_COMPLETION_LOGPROBS:
+            raise bad_param("logprobs", f"must be between 0 and {MAX_COMPLETION_LOGPROBS}, got {req.logprobs}")
         if req.echo:
             raise bad_param("logprobs", "not supported with echo: prompt logprobs are not computed")
         sp["logprobs"] = req.logprobs

@@ -88,6 +88,30 @@ class ChatCompletionRequest(_Common):
     safety_identifier: Optional[str] = None
 
 
+class TokenizeRequest(BaseModel):
+    """vLLM's POST /tokenize: `prompt` (completion form) or `messages` (chat form, rendered with the
+    chat template like /v1/chat/completions), not both. add_special_tokens defaults as vLLM's: True
+    for a prompt, False for messages (the template writes the special tokens itself)."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: Optional[str] = None
+    prompt: Optional[str] = None
+    messages: Optional[List[Dict[str, Any]]] = None
+    add_generation_prompt: Optional[bool] = True
+    add_special_tokens: Optional[bool] = None
+    chat_template_kwargs: Optional[Dict[str, Any]] = None
+    tools: Optional[List[Dict[str, Any]]] = None
+    return_token_strs: Optional[bool] = False
+
+
+class DetokenizeRequest(BaseModel):
+    """vLLM's POST /detokenize: token ids -> text."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: Optional[str] = None
+    tokens: List[int]
+
+
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"

@@ -68,6 +68,13 @@ class TritonLLM:
         except Exception:
             return False
 
+    async def model_config(self) -> dict:
+        """The model's Triton config as JSON (the model-config API; {} when it cannot be read)."""
+        try:
+            return dict((await self.client.get_model_config(self.model, as_json=True)).get("config") or {})
+        except Exception:
+            return {}
+
     async def is_live(self) -> bool:
         try:
             return bool(await self.client.is_server_live())

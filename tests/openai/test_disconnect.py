@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import socket
 import sys
 import time
@@ -34,6 +35,10 @@ from metrics_util import llm_value, wait_for  # noqa: E402
 pytestmark = pytest.mark.e2e
 
 FREE_WITHIN_S = 1.0
+QUEUE_LEAVE_S = 5.0
+# the session server's running slots: max_num_seqs of the shipped llm config
+SLOTS = int(re.search(r'key: "max_num_seqs" value: \{ string_value: "(\d+)"',
+                      (Path(__file__).resolve().parents[2] / "model_repository" / "llm" / "config.pbtxt").read_text()).group(1))
 LONG_TOKENS = 400
 POLL_S = 0.01
 
@@ -141,3 +146,50 @@ def test_server_keeps_serving_after_disconnects(openai_server):
         "model": "llm", "max_tokens": 4, "temperature": 0, "ignore_eos": True, "prompt": "The capital of France is"})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4, r.text
     _idle(openai_server.triton.metrics_url)
+
+
+def test_a_stream_whose_client_leaves_while_queued_is_cancelled_in_the_queue(openai_server, capsys):
+    """Every running slot busy (max_num_seqs streams), then one more streamed request: it waits in the
+    engine's queue, its client leaves before any token, and it leaves the queue (counted aborted)
+    within QUEUE_LEAVE_S, while the slots are still busy (for minutes: 1500 tokens each). Before the fix
+    a stream was watched only from its first token, so it kept its place (and counted toward
+    max_num_waiting) until scheduled. The bound is looser than FREE_WITHIN_S: 32 streams decoding
+    slow the engine's cancellation sweep on 2 cores (1.4 s measured once)."""
+    base, murl = openai_server.base, openai_server.triton.metrics_url
+    _, (_, abort0) = _idle(murl)
+    slots = SLOTS
+    body = {"model": "llm", "max_tokens": 1500, "temperature": 0, "ignore_eos": True, "stream": True,
+            "prompt": "Once upon a time"}
+    u = urlparse(base)
+
+    def post(payload):
+        c = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+        c.request("POST", "/v1/completions", body=json.dumps(payload), headers={"Content-Type": "application/json"})
+        return c
+
+    busy = [post(body) for _ in range(slots)]
+    try:
+        wait_for(murl, lambda m: _state(m)[1] == slots, timeout=60)
+        queued = post(dict(body, prompt="A request that waits"))
+        wait_for(murl, lambda m: _state(m)[2] == 1, timeout=30)
+        t_close = _close_hard(queued)
+        left_after = None
+        while time.monotonic() - t_close < QUEUE_LEAVE_S + 10:
+            m = scrape_metrics(murl)
+            if _state(m)[2] == 0:
+                left_after = time.monotonic() - t_close
+                break
+            time.sleep(POLL_S)
+        still_running = _state(m)[1]
+        aborts = _counters(m)[1] - abort0
+    finally:
+        for c in busy:
+            _close_hard(c)
+    with capsys.disabled():
+        print(f"\n[disconnect] queued stream: left the queue "
+              f"{'%.0f ms' % (left_after * 1000) if left_after is not None else 'NOT within 11 s'} after its "
+              f"client closed, {still_running:.0f} streams still running")
+    assert left_after is not None and left_after <= QUEUE_LEAVE_S, left_after
+    assert still_running == slots, "the slots freed up: the request may have been scheduled, not cancelled"
+    assert aborts >= 1
+    _idle(murl)

@@ -1,0 +1,107 @@
+"""OpenAI edges found by OpenAI clients and Triton's own OpenAI tests, against the real server:
+OpenAI's ranges (temperature above 2, completions logprobs above 5: 400 naming the parameter), vLLM's
+/tokenize and /detokenize (counts equal to what `llm` itself counts, round trips, named errors), and a
+frontend whose Triton is not ready (503 `model_not_ready` on every /v1 route, no internal address
+or raw gRPC error in any answer)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import requests
+
+from paddle_llm_triton import launcher
+from paddle_llm_triton.launcher.frontend import start_frontend
+
+pytestmark = pytest.mark.e2e
+
+CHAT = [{"role": "user", "content": "Name three colours, in French: \u00e9\u00e8 \u4f60\u597d"}]
+
+
+def _post(base, path, body):
+    return requests.post(f"{base}{path}", json=body, timeout=120)
+
+
+def _error(r, status, param):
+    assert r.status_code == status, (r.status_code, r.text)
+    err = r.json()["error"]
+    assert err["param"] == param, err
+    return err
+
+
+@pytest.mark.parametrize("value, ok", [(2.0, True), (2.01, False), (-0.1, False)])
+def test_temperature_outside_openais_range_is_400(openai_server, value, ok):
+    for path, extra in (("/v1/chat/completions", {"messages": CHAT}), ("/v1/completions", {"prompt": "Hi"})):
+        r = _post(openai_server.base, path, {"model": "llm", "max_tokens": 2, "temperature": value, **extra})
+        if ok:
+            assert r.status_code == 200, r.text
+        else:
+            assert "between 0 and 2" in _error(r, 400, "temperature")["message"]
+
+
+def test_completions_logprobs_above_5_is_400(openai_server):
+    body = {"model": "llm", "prompt": "Hi", "max_tokens": 2, "temperature": 0}
+    r = _post(openai_server.base, "/v1/completions", dict(body, logprobs=5))
+    assert r.status_code == 200 and len(r.json()["choices"][0]["logprobs"]["top_logprobs"][0]) == 5, r.text
+    assert "between 0 and 5" in _error(_post(openai_server.base, "/v1/completions", dict(body, logprobs=6)),
+                                       400, "logprobs")["message"]
+    # chat keeps OpenAI's 20 for top_logprobs
+    r = _post(openai_server.base, "/v1/chat/completions", {"model": "llm", "messages": CHAT, "max_tokens": 1,
+                                                           "logprobs": True, "top_logprobs": 20})
+    assert r.status_code == 200, r.text
+
+
+def test_tokenize_counts_what_llm_counts_and_detokenize_round_trips(openai_server):
+    base = openai_server.base
+    chat = _post(base, "/v1/chat/completions", {"model": "llm", "messages": CHAT, "max_tokens": 1, "temperature": 0})
+    comp = _post(base, "/v1/completions", {"model": "llm", "prompt": "Once upon a time, \u4f60\u597d",
+                                           "max_tokens": 1, "temperature": 0})
+    t_chat = _post(base, "/tokenize", {"model": "llm", "messages": CHAT}).json()
+    t_comp = _post(base, "/tokenize", {"prompt": "Once upon a time, \u4f60\u597d", "return_token_strs": True}).json()
+    # the engine tokenizes with paddleformers inside llm; the frontend with transformers: same counts
+    assert t_chat["count"] == chat.json()["usage"]["prompt_tokens"] == len(t_chat["tokens"])
+    assert t_comp["count"] == comp.json()["usage"]["prompt_tokens"]
+    assert t_comp["max_model_len"] == 8192  # SmolLM2's max_position_embeddings (llm's max_model_len 0)
+    assert len(t_comp["token_strs"]) == t_comp["count"] and t_chat["token_strs"] is None
+    assert _post(base, "/detokenize", {"tokens": t_comp["tokens"]}).json() == {"prompt": "Once upon a time, \u4f60\u597d"}
+    text = _post(base, "/detokenize", {"model": "llm", "tokens": t_chat["tokens"]}).json()["prompt"]
+    assert text.startswith("<|im_start|>") and CHAT[0]["content"] in text
+
+
+def test_tokenize_errors_name_the_field(openai_server):
+    base = openai_server.base
+    _error(_post(base, "/tokenize", {"prompt": "a", "messages": CHAT}), 400, "prompt")
+    _error(_post(base, "/tokenize", {}), 400, "prompt")
+    _error(_post(base, "/tokenize", {"model": "nope", "prompt": "a"}), 404, "model")
+    assert "[0, 49152)" in _error(_post(base, "/detokenize", {"tokens": [1, 49152]}), 400, "tokens")["message"]
+    _error(_post(base, "/detokenize", {"tokens": "abc"}), 400, "tokens")
+
+
+def test_a_frontend_whose_triton_is_not_ready_refuses_cleanly(smollm2_dir, tmp_path):
+    """Nothing listens on its Triton ports (a server still starting): /v1 routes and /tokenize answer
+    503 model_not_ready with Retry-After; /health/ready is 503; no answer shows an address."""
+    grpc_port, metrics_port, port = launcher.free_ports(3)
+    fe = start_frontend(grpc_port, metrics_port, port, smollm2_dir, log_path=tmp_path / "fe.log", drain_grace=1)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                r = requests.get(f"{base}/health", timeout=2)
+                break
+            except requests.ConnectionError:
+                assert fe.running() and time.monotonic() < deadline, fe.log_tail()
+                time.sleep(0.1)
+        assert requests.get(f"{base}/health/ready", timeout=5).status_code == 503
+        answers = [requests.get(f"{base}/v1/models", timeout=10),
+                   _post(base, "/v1/chat/completions", {"model": "llm", "messages": CHAT}),
+                   _post(base, "/v1/completions", {"model": "llm", "prompt": "Hi"}),
+                   _post(base, "/tokenize", {"prompt": "Hi"})]
+        for r in answers:
+            assert r.status_code == 503 and r.headers.get("Retry-After") == "1", (r.status_code, r.text)
+            err = r.json()["error"]
+            assert err["code"] == "model_not_ready" and "not ready" in err["message"], err
+            assert "127.0.0.1" not in r.text and "StatusCode" not in r.text and str(grpc_port) not in r.text
+    finally:
+        fe.stop(10)
