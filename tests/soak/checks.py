@@ -84,9 +84,18 @@ def classify(o, wins: list[Window]) -> tuple[str, bool]:
         return ("ok", True) if o.status == "ok" else ("drain_error", False)
     overlapping = [w for w in wins if o.t_send <= w.end and (o.t_end or o.t_send) >= w.start
                    and ("*" in w.models or o.model in w.models)]
+    if o.expect.startswith("http:"):  # a refusal by status: 401 without the API key, 403 admin APIs
+        if o.http_status == int(o.expect[5:]):
+            return "refused_as_designed", True
+        if o.status == "ok" or o.http_status == 200:
+            return "guard_open", False
+        if o.status == "error" and overlapping:
+            return _fault_kind(o, overlapping)
+        return "wrong_refusal", False
     if o.expect.startswith("invalid_arg:"):
         field = o.expect.split(":", 1)[1]
-        if o.status == "error" and field in (o.error or "") and (o.protocol != "http" or o.http_status == 400):
+        if o.status == "error" and field in (o.error or "") and (o.protocol not in ("http", "openai")
+                                                                 or o.http_status == 400):
             return "invalid_arg", True
         if o.status == "ok":
             return "bad_input_accepted", False
@@ -167,6 +176,8 @@ def evaluate(run: dict) -> list[Check]:
         if o.status == "ok" and not o.problems:
             served[(o.model, o.protocol)] = served.get((o.model, o.protocol), 0) + 1
     need = [(m, p) for m in ("ensemble", "llm") for p in ("grpc", "http")]
+    if any(o.protocol == "openai" for o in outs):
+        need.append(("llm", "openai"))
     missing = [f"{m}/{p}" for m, p in need if not served.get((m, p))]
     checks.append(Check("traffic served on both models and protocols", not missing,
                         ", ".join(f"{m}/{p} {n}" for (m, p), n in sorted(served.items())),

@@ -106,6 +106,8 @@ def tree(root_pid: int) -> list[Proc]:
             role, name = "stub", f"stub:{inst}"
         elif TP_WORKER_MODULE in argv and parent_stub is not None:
             role, name = "tp_worker", f"tp_worker:{parent_stub}"
+        elif "paddle_llm_openai" in argv:
+            role, name = "openai", "openai_frontend"
         else:
             role, name = "other", f"other:{Path(exe).name or pid}"
         out.append(Proc(pid, s[2], s[1], role, name))

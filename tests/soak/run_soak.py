@@ -120,7 +120,7 @@ class Soak:
         srv.start()
         self.server = srv
         ready = srv.wait_ready(self.args.ready_timeout)
-        self.ctx.set_endpoints(srv.grpc_url, srv.http_base)
+        self.ctx.set_endpoints(srv.grpc_url, srv.http_base, srv.openai_base)
         self.server_starts.append({"generation": srv.generation, "why": why, "ready_after_s": round(ready, 2),
                                    "ports": [srv.http_port, srv.grpc_port, srv.metrics_port],
                                    "log": str(srv.log_path)})

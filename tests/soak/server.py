@@ -1,9 +1,11 @@
 """The README server as the soak runs it: `scripts/launch_triton.py` as a subprocess (the command
 `make serve` execs), on the soak's repository copy, free loopback ports and a log file. Processes
-are found from the launcher's pid down (proctree.py); only those are ever signalled."""
+are found from the launcher's pid down (proctree.py); only those are ever signalled. The OpenAI
+frontend runs beside it, as `make serve` starts it, with VLLM_API_KEY set (openai_requests.API_KEY)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -12,6 +14,7 @@ from pathlib import Path
 import requests
 
 import proctree
+from openai_requests import API_KEY
 from paddle_llm_triton.launcher import free_ports
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -23,7 +26,7 @@ class SoakServer:
 
     def __init__(self, model_repo: Path, model_dir: Path, log_dir: Path, generation: int = 0):
         self.model_repo, self.model_dir = Path(model_repo), Path(model_dir)
-        self.http_port, self.grpc_port, self.metrics_port = free_ports(3)
+        self.http_port, self.grpc_port, self.metrics_port, self.openai_port = free_ports(4)
         self.log_path = Path(log_dir) / f"tritonserver.{generation}.log"
         self.launcher_log = Path(log_dir) / f"launcher.{generation}.log"
         self.proc: subprocess.Popen | None = None
@@ -42,6 +45,11 @@ class SoakServer:
         return f"http://127.0.0.1:{self.http_port}"
 
     @property
+    def openai_base(self) -> str:
+        """http://host:port of the OpenAI frontend (behind openai_requests.API_KEY)."""
+        return f"http://127.0.0.1:{self.openai_port}"
+
+    @property
     def metrics_url(self) -> str:
         """The Prometheus endpoint."""
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
@@ -52,9 +60,11 @@ class SoakServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, str(LAUNCHER), "--model-repo", str(self.model_repo), "--model-dir", str(self.model_dir),
                "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
-               "--metrics-port", str(self.metrics_port), "--log-file", str(self.log_path)]
+               "--metrics-port", str(self.metrics_port), "--log-file", str(self.log_path),
+               "--openai-port", str(self.openai_port)]
+        env = dict(os.environ, VLLM_API_KEY=API_KEY)  # the OpenAI frontend behind a key, as deployed
         with open(self.launcher_log, "wb") as out:
-            self.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=out,
+            self.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=out, env=env,
                                          stderr=subprocess.STDOUT, start_new_session=True)
         self.started_at = time.monotonic()
 

@@ -15,6 +15,7 @@ from functools import partial
 import bad_inputs
 import grpc_requests as G
 import http_requests as H
+import openai_requests as O
 from checks import UNREACHABLE as _UNREACHABLE
 from records import Outcome, Recorder
 
@@ -49,10 +50,18 @@ def mix(name: str = "full") -> list[Kind]:
         Kind("grpc_n2", 1.5, partial(G.complete, n=2), ("ensemble",)),
         Kind("grpc_guided", 1.5, partial(G.complete, guided=True), both),
         Kind("http_guided", 0.5, partial(H.generate, guided=True), both),
+        # the OpenAI frontend beside Triton (behind an API key) and who may call what
+        Kind("openai_chat", 2, O.chat, ("llm",)),
+        Kind("openai_json", 1, O.json_schema, ("llm",)),
+        Kind("openai_tool", 0.7, O.tool, ("llm",)),
+        Kind("openai_stream_close", 0.7, O.close_mid, ("llm",)),
+        Kind("openai_bad_input", 0.3, O.bad, ("llm",)),
+        Kind("openai_unauthorized", 0.3, O.unauthorized, ("llm",)),
+        Kind("admin_api_refused", 0.3, O.admin, ("llm",)),
     ]
     if name == "short":
         for k in kinds:
-            if "guided" in k.name:
+            if "guided" in k.name or k.name in ("openai_json", "openai_tool"):
                 k.weight /= 2
     elif name != "full":
         raise ValueError(f"unknown mix {name!r} (full, short)")
@@ -67,13 +76,17 @@ class Context:
         self.stall_s = stall_s      # no response for this long = stalled
         self.timeout_s = timeout_s  # whole-request bound
         self._ids = itertools.count()
-        self._urls = ("", "")
+        self._urls = ("", "", "")
         self._lock = threading.Lock()
 
-    def set_endpoints(self, grpc_url: str, http_base: str) -> None:
+    def set_endpoints(self, grpc_url: str, http_base: str, openai_base: str = "") -> None:
         """Point every later request at a (new) server."""
         with self._lock:
-            self._urls = (grpc_url, http_base)
+            self._urls = (grpc_url, http_base, openai_base)
+
+    def openai_base(self) -> str:
+        """http://host:port of the current server's OpenAI frontend."""
+        return self._urls[2]
 
     def grpc_url(self) -> str:
         """host:port of the current server's gRPC endpoint."""
