@@ -38,6 +38,22 @@ def say(line: str) -> None:
     print(f"{now:%Y-%m-%d %H:%M:%S}.{now.microsecond // 1000:03d} {line}", flush=True)
 
 
+def _overlay(args, env) -> str:
+    """The repository to serve: args.model_repo, or a copy under build/serve_repository/<http port>/
+    with the LLM_PARAMS / --set overrides (launcher/overrides.py), logged. Raises ValueError."""
+    from paddle_llm_triton.launcher import overrides as ov
+
+    wanted = ov.parse_overrides([env.get("LLM_PARAMS", ""), *args.set])
+    if not wanted:
+        return args.model_repo
+    ov.check_keys(wanted)
+    dest = ov.overlay_repository(Path(args.model_repo), REPO_ROOT / "build" / "serve_repository" / str(args.http_port),
+                                 wanted)
+    say(f"launch_triton: llm parameters set: {' '.join(f'{k}={v}' for k, v in wanted.items())} "
+        f"(serving the copy {dest}; {Path(args.model_repo).resolve()} is unchanged)")
+    return str(dest)
+
+
 def main(argv=None) -> int:
     env = os.environ
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
@@ -63,8 +79,17 @@ def main(argv=None) -> int:
                          "scripts/serve.sh passes OPENAI_PORT, default 9000)")
     ap.add_argument("--served-model-name", nargs="+", default=env.get("SERVED_MODEL_NAME", "").split() or None,
                     help="model names the OpenAI frontend serves (default: the model folder's name and llm)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="set a parameter of the llm model (any config.pbtxt parameter, e.g. quantization=wint8, "
+                         "or instances=N) in a copy of the repository under build/; repeatable; also the "
+                         "environment variable LLM_PARAMS (space-separated KEY=VALUE, --set wins)")
     ap.add_argument("extra", nargs="*", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    try:
+        args.model_repo = _overlay(args, env)
+    except ValueError as e:
+        say(f"launch_triton: {e}")
+        return 2
 
     stop_signal: list[int] = []
 

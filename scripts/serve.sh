@@ -10,6 +10,10 @@
 #                 name and llm)
 #   TRITON_KILL_AFTER   watchdog seconds after SIGTERM before a SIGKILL (default 15)
 #   DRAIN_GRACE_S       seconds the requests in flight get to finish after Ctrl-C / SIGTERM (default 30)
+#   LLM_PARAMS    parameters of the llm model, space-separated KEY=VALUE (any config.pbtxt parameter,
+#                 e.g. "quantization=wint8 speculative_method=ngram max_model_len=4096", and instances=N):
+#                 served from a copy of the repository under build/serve_repository/, the tracked
+#                 files untouched; an unknown key stops the start naming it
 #
 # Model folder: nothing in the repository is rendered. MODEL_DIR reaches the server as the env var
 # PADDLE_LLM_MODEL_DIR; the llm model's model.py uses its config.pbtxt parameter `model_dir` when that

@@ -90,8 +90,10 @@ class LLMEngine:
     def info(self) -> dict[str, str]:
         """What this engine runs on, as strings: device, dtype, kv_cache_dtype, kernels (the optional
         kernels the platform layer turned on, ';'-joined, or "composed"), quantization ("none",
-        "wint8" or "wint4"), tensor_parallel_size, and the admission limits max_num_seqs and max_num_waiting.
-        With tensor parallelism these are what the ranks decided (every rank decides alike)."""
+        "wint8" or "wint4"), tensor_parallel_size, the admission limits max_num_seqs and max_num_waiting,
+        max_model_len, enable_prefix_caching ("1" / "0") and speculative_method ("none", or "ngram:k"
+        with k draft tokens per step). With tensor parallelism these are what the ranks decided (every
+        rank decides alike)."""
         plan = self.executor.plan
         kernels = "composed"
         if any(plan.kernels.values()):
@@ -102,7 +104,11 @@ class LLMEngine:
                 "kernels": kernels, "quantization": plan.quantization or "none",
                 "tensor_parallel_size": str(self.config.tensor_parallel_size),
                 "max_num_seqs": str(self.config.max_num_seqs),
-                "max_num_waiting": str(self.config.max_num_waiting)}
+                "max_num_waiting": str(self.config.max_num_waiting),
+                "max_model_len": str(self.config.max_model_len),
+                "enable_prefix_caching": "1" if self.config.enable_prefix_caching else "0",
+                "speculative_method": ("none" if self.config.speculative_method == "none" else
+                                       f"{self.config.speculative_method}:{self.config.num_speculative_tokens}")}
 
     @property
     def eos_token_ids(self) -> list[int]:

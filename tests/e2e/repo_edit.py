@@ -6,6 +6,9 @@ import re
 import shutil
 from pathlib import Path
 
+# the launcher's own config.pbtxt edits (`make serve`'s LLM_PARAMS overlay uses them too)
+from paddle_llm_triton.launcher.overrides import set_config_parameter, set_instance_count  # noqa: F401
+
 MODEL_REPO = Path(__file__).resolve().parents[2] / "model_repository"
 
 
@@ -21,19 +24,3 @@ def copy_repository(dst: Path, models=None, edit=None) -> Path:
         edit(dst)
     return dst
 
-
-def set_config_parameter(config_path: Path, key: str, value: str) -> None:
-    """Set (or add) `parameters { key: KEY value: { string_value: VALUE } }` in a config.pbtxt copy."""
-    text = config_path.read_text()
-    pat = re.compile(r'parameters\s*\{\s*key:\s*"' + re.escape(key) + r'"\s*value:\s*\{\s*string_value:\s*"[^"]*"\s*\}\s*\}')
-    line = f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}'
-    text = pat.sub(line, text) if pat.search(text) else text.rstrip("\n") + "\n" + line + "\n"
-    config_path.write_text(text)
-
-
-def set_instance_count(config_path: Path, count: int) -> None:
-    """Replace the instance_group of a config.pbtxt copy by `count` KIND_CPU instances."""
-    text = config_path.read_text()
-    new, n = re.subn(r"instance_group\s*\[[^\]]*\]", f"instance_group [ {{ count: {count} kind: KIND_CPU }} ]", text)
-    assert n == 1, f"no instance_group in {config_path}"
-    config_path.write_text(new)
