@@ -42,7 +42,7 @@ def server(tmp_path_factory):
     model_dir = make_thinking_checkpoint("qwen3", tmp / "qwen3")
 
     def edit(repo):
-        set_config_parameter(repo / "llm" / "config.pbtxt", "num_kv_blocks", "128")
+        set_config_parameter(repo / "llm" / "config.pbtxt", "num_kv_blocks", "256")
         set_config_parameter(repo / "llm" / "config.pbtxt", "block_size", "16")
 
     repo = copy_repository(tmp / "repo", None, edit)

@@ -12,6 +12,10 @@ template of the same shape as the family's released one:
                flagged special here (so skip_special_tokens would hide them: the engine keeps them).
   deepseek_r1  a DeepSeek-R1 distill on Qwen2 (model_type qwen2): `<｜User｜>` / `<｜Assistant｜>` turns,
                history answers cut after `</think>`, the generation prompt `<｜Assistant｜><think>\\n`.
+`<tool_call>` / `</tool_call>` stay plain text here (the released Qwen3 / ERNIE tokenizers have them
+as added tokens): llguidance 1.9.1 lets a forced-call grammar's mask allow the added `<tool_call>`
+token and then refuses it when consumed ("token doesn't satisfy the grammar"), with or without a
+reasoning parser, which would end every forced call at its first token.
 The tokenizer is byte-level BPE without merges (every byte one token, so any text, non-ASCII
 included, encodes; a UTF-8 character of several bytes spans several tokens), plus the added tokens;
 the model's vocabulary is exactly the tokenizer's, so every id a random model samples decodes.
@@ -97,13 +101,12 @@ _R1_TEMPLATE = (
 # family -> (weights family of tiny_checkpoints, added tokens [(text, special)], eos, bos, template)
 _SPECS = {
     "qwen3": ("qwen3", [("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True),
-                        ("<think>", False), ("</think>", False), ("<tool_call>", False), ("</tool_call>", False),
-                        ("<tool_response>", False), ("</tool_response>", False)],
+                        ("<think>", False), ("</think>", False), ("<tool_response>", False),
+                        ("</tool_response>", False)],
               "<|im_end|>", None, _QWEN3_TEMPLATE),
     "ernie45": ("ernie4_5", [("<|begin_of_sentence|>", True), ("<|end_of_sentence|>", True), ("<|im_start|>", True),
                              ("<|im_end|>", True), ("<think>", True), ("</think>", True), ("<response>", False),
-                             ("</response>", False), ("<tool_call>", False), ("</tool_call>", False),
-                             ("<tool_response>", False), ("</tool_response>", False)],
+                             ("</response>", False), ("<tool_response>", False), ("</tool_response>", False)],
                 "<|end_of_sentence|>", "<|begin_of_sentence|>", _ERNIE_TEMPLATE),
     "deepseek_r1": ("qwen2", [("<｜begin▁of▁sentence｜>", True), ("<｜end▁of▁sentence｜>", True), ("<｜User｜>", False),
                               ("<｜Assistant｜>", False), ("<think>", False), ("</think>", False)],
@@ -140,7 +143,7 @@ def tokenizer_files(family: str) -> tuple[dict, dict, dict[str, int]]:
                      "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
                      "vocab": vocab, "merges": []}}
     cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos, "pad_token": eos,
-           "model_max_length": tc.MAX_POSITIONS, "chat_template": template, "clean_up_tokenization_spaces": False,
+           "model_max_length": 2048, "chat_template": template, "clean_up_tokenization_spaces": False,
            "added_tokens_decoder": {str(ids[t]): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
                                                   "single_word": False, "special": sp} for t, sp in added}}
     if bos:
@@ -160,7 +163,8 @@ def make_thinking_checkpoint(family: str, out_dir: str | Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     save_file(tc.make_weights(weights_family, vocab=vocab), str(out / "model.safetensors"))
     config = tc.config_json(weights_family, vocab=vocab)
-    config.update(eos_token_id=eos, bos_token_id=ids.get(_SPECS[family][3] or "", eos))
+    # room for chat prompts with tools (byte-level: one token per byte)
+    config.update(eos_token_id=eos, bos_token_id=ids.get(_SPECS[family][3] or "", eos), max_position_embeddings=2048)
     (out / "config.json").write_text(json.dumps(config, indent=1) + "\n")
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}) + "\n")
     (out / "tokenizer.json").write_text(json.dumps(tok, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
