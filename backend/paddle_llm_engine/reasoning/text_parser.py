@@ -68,8 +68,8 @@ class ReasoningTextParser:
             if body.startswith(self.start):
                 s = body[len(self.start):]
         i = s.find(self.end)
-        if i < 0:
-            k = _partial_suffix(s, (self.end,))
+        if i < 0:  # hold back a possible start of the end marker (none without its first character)
+            k = _partial_suffix(s, (self.end,)) if self.end[0] in s[1 - len(self.end):] else 0
             self._buf = s[len(s) - k:] if k else ""
             return s[:len(s) - k], ""
         self.thinking = False
