@@ -294,6 +294,10 @@ class EngineConfig:
     num_speculative_tokens: k, draft tokens proposed per sequence and step (>= 1).
     prompt_lookup_min / prompt_lookup_max: the n-gram lengths tried, longest first
         (1 <= min <= max).
+    reasoning_parser: "auto" (the default: the thinking family of the model's type when its chat
+        template thinks and its tokenizer has the markers; else off, logged once), "none", or a
+        family (qwen3, ernie45, deepseek_r1; reasoning/registry.py). A thinking span is what
+        reasoning_max_tokens budgets, what guided decoding waits for, and what the outputs split.
     """
 
     model_dir: str
@@ -326,6 +330,7 @@ class EngineConfig:
     num_speculative_tokens: int = 4
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
+    reasoning_parser: str = "auto"
     max_waiting_requests: InitVar[int | None] = None
 
     def __post_init__(self, max_waiting_requests: int | None) -> None:

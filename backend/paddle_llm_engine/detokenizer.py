@@ -20,12 +20,21 @@ _CONTEXT_TOKENS = 5  # prompt tokens kept as left context for the first output t
 
 
 class IncrementalDetokenizer:
-    """Token ids in, text deltas out. `tokenizer` needs decode(ids, skip_special_tokens=...)."""
+    """Token ids in, text deltas out. `tokenizer` needs decode(ids, skip_special_tokens=...).
+
+    keep_special: (with skip_special_tokens) special token ids to keep in the text anyway, hide_ids:
+    the ids skip_special_tokens would drop; a thinking model whose `<think>` / `</think>` are special
+    tokens keeps them, so that the reasoning split sees where the thinking ends."""
 
     def __init__(self, tokenizer, prompt_ids: list[int], skip_special_tokens: bool = True,
-                 spaces_between_special_tokens: bool = True):
+                 spaces_between_special_tokens: bool = True, keep_special: frozenset[int] = frozenset(),
+                 hide_ids: frozenset[int] = frozenset()):
         self.tokenizer = tokenizer
         self.skip = skip_special_tokens
+        self._hide = None  # ids dropped by hand when some special ids must stay
+        if skip_special_tokens and keep_special:
+            self.skip = False
+            self._hide = frozenset(hide_ids) - frozenset(keep_special)
         # the tokenizer's own option (slow tokenizers honour it, fast ones ignore it, as in vLLM);
         # passed only when it differs from the default so that any decode() signature works
         self.kwargs = {} if spaces_between_special_tokens else {"spaces_between_special_tokens": False}
@@ -34,6 +43,8 @@ class IncrementalDetokenizer:
         self.read_offset = len(self.ids)
 
     def _decode(self, ids: list[int]) -> str:
+        if self._hide is not None:
+            ids = [t for t in ids if t not in self._hide]
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip, clean_up_tokenization_spaces=False,
                                      **self.kwargs)
 

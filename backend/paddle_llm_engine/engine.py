@@ -29,6 +29,7 @@ from paddle_llm_engine.executor import create_executor
 from paddle_llm_engine.guided import GuidedDecoding
 from paddle_llm_engine.outputs import EngineStats, RequestOutput
 from paddle_llm_engine.platforms import resolve_device
+from paddle_llm_engine.reasoning import EngineReasoning
 from paddle_llm_engine.request import PreparedRequest, RequestChecker
 from paddle_llm_engine.request_state import Deadline, RequestState, SequenceState
 from paddle_llm_engine.sampler import draw_speculative, sample
@@ -41,6 +42,14 @@ from paddle_llm_engine.tokenizer import load_tokenizer
 log = logging.getLogger(__name__)
 
 __all__ = ["Deadline", "LLMEngine"]
+
+
+def _chat_template(tokenizer) -> str | None:
+    """The tokenizer's chat template text (the default one when it has several), or None."""
+    tpl = getattr(tokenizer, "chat_template", None)
+    if isinstance(tpl, dict):
+        tpl = tpl.get("default") or next(iter(tpl.values()), None)
+    return tpl if isinstance(tpl, str) else None
 
 
 class LLMEngine:
@@ -80,8 +89,11 @@ class LLMEngine:
         self.num_steps = 0
         # guided decoding: llguidance tokenizer built on the first guided request, not here
         self.guided = GuidedDecoding(config.model_dir, self.model_config.vocab_size, self.eos_token_ids)
+        # thinking models: the parser requests use unless they name one (logged once)
+        self.reasoning = EngineReasoning(config.reasoning_parser, self.model_config.model_type,
+                                         _chat_template(self.tokenizer), self.tokenizer)
         self.checker = RequestChecker(config.max_model_len, self.model_config.vocab_size, self.tokenizer,
-                                      self.eos_token_ids, self.guided)
+                                      self.eos_token_ids, self.guided, self.reasoning)
         log.info("engine ready on %s in %.1f s: max_model_len %d, max_num_seqs %d, max_num_batched_tokens %d, "
                  "max concurrent tokens %d", self.device, time.monotonic() - t0, config.max_model_len,
                  config.max_num_seqs, config.max_num_batched_tokens,

@@ -22,6 +22,11 @@ class RequestOutput:
         "queue_full": max_num_waiting reached), else None; finish_reason is then "error".
     timed_out: the engine aborted the request at its deadline (finish_reason "abort", error says
         "deadline exceeded: ...", error_code "unavailable").
+    reasoning_text / content_text: with a reasoning parser, the parts of `text` that are thinking and
+        answer (markers dropped; reasoning/text_parser.py); None when the request has no thinking span
+        (then `text` is all answer). `text` itself stays the raw output.
+    num_reasoning_tokens: the sequence's output tokens inside its thinking span so far (up to and
+        including the end marker), 0 without a reasoning parser.
     Times are time.monotonic() seconds. Request-level (all sequences): first_token_time (first
     token sampled), last_token_time (latest token sampled), num_new_blocks (KV blocks allocated
     fresh, copies on write included), num_reused_blocks (blocks found in the prefix cache).
@@ -51,6 +56,9 @@ class RequestOutput:
     last_token_time: float | None = None
     num_new_blocks: int = 0
     num_reused_blocks: int = 0
+    reasoning_text: str | None = None
+    content_text: str | None = None
+    num_reasoning_tokens: int = 0
 
     def __post_init__(self):
         if self.finished:

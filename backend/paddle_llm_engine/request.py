@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from paddle_llm_engine.errors import InvalidRequestError
 from paddle_llm_engine.guided import GuidedDecoding
+from paddle_llm_engine.reasoning import EngineReasoning, ReasoningParser
 from paddle_llm_engine.sampling_params import SamplingParams, check_lengths, check_prompt_length
 
 
@@ -26,7 +27,9 @@ class PreparedRequest:
     a frozen copy of the request's SamplingParams; max_tokens: resolved (max_model_len - prompt
     when the request sent none); eos_token_ids: the request's end ids, else the model's;
     bad_words_ids: params.bad_words tokenized plus params.bad_words_ids; guides: one compiled
-    guided.GuideState per sequence (params.n of them) when params.guide is set, else ()."""
+    guided.GuideState per sequence (params.n of them) when params.guide is set, else ();
+    reasoning: the request's bound reasoning parser, or None (no thinking span); thinks_at_start:
+    whether its output starts inside the thinking span (ReasoningParser.thinks_at_start)."""
 
     prompt_token_ids: tuple[int, ...]
     params: SamplingParams
@@ -34,6 +37,8 @@ class PreparedRequest:
     eos_token_ids: tuple[int, ...]
     bad_words_ids: tuple[tuple[int, ...], ...] = ()
     guides: tuple = ()
+    reasoning: ReasoningParser | None = None
+    thinks_at_start: bool = False
 
 
 class RequestChecker:
@@ -41,20 +46,24 @@ class RequestChecker:
     and the guide compiler, which is thread-safe).
 
     max_model_len / vocab_size: the engine's limits; tokenizer: encodes bad words; eos_token_ids:
-    the model's default end ids; guided: the engine's GuidedDecoding."""
+    the model's default end ids; guided: the engine's GuidedDecoding; reasoning: the engine's
+    EngineReasoning (None: no request has a thinking span)."""
 
     def __init__(self, max_model_len: int, vocab_size: int, tokenizer, eos_token_ids: list[int],
-                 guided: GuidedDecoding):
+                 guided: GuidedDecoding, reasoning: EngineReasoning | None = None):
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.tokenizer = tokenizer
         self.eos_token_ids = tuple(eos_token_ids)
         self.guided = guided
+        self.reasoning = reasoning
 
     def check(self, prompt_token_ids: list[int], params: SamplingParams) -> PreparedRequest:
         """The PreparedRequest of a prompt (token ids) and its params. Raises InvalidRequestError
         naming the field: text_input (empty, too long), input_ids (an id outside the vocabulary),
-        max_tokens, a SamplingParams field, or the guide's field when it does not compile."""
+        max_tokens, a SamplingParams field, the guide's field when it does not compile,
+        reasoning_parser (unknown, or unusable with this tokenizer), reasoning_max_tokens (a budget
+        without a reasoning parser)."""
         if len(prompt_token_ids) == 0:
             raise InvalidRequestError("text_input", "the prompt is empty (0 tokens)")
         ids = [int(t) for t in params.truncated_prompt(list(prompt_token_ids), self.max_model_len)]
@@ -73,4 +82,14 @@ class RequestChecker:
         if frozen.guide is not None:  # compile errors name the guide's field; the first masks start now
             stop_ids = sorted(set(frozen.stop_token_ids) | (set() if frozen.ignore_eos else set(eos)))
             guides = tuple(self.guided.new_state(frozen.guide, stop_ids) for _ in range(frozen.n))
-        return PreparedRequest(tuple(ids), frozen, max_tokens, eos, bad_words, guides)
+        parser, at_start = None, False
+        if self.reasoning is not None:
+            parser = self.reasoning.for_request(frozen.reasoning_parser)
+        elif frozen.reasoning_parser not in (None, "none"):
+            raise InvalidRequestError("reasoning_parser", "this engine has no reasoning parsers")
+        if parser is not None:
+            at_start = parser.thinks_at_start(ids)
+        elif frozen.reasoning_max_tokens is not None:
+            raise InvalidRequestError("reasoning_max_tokens", "the model has no thinking span to budget (its "
+                                                              "reasoning parser is off: reasoning_parser none)")
+        return PreparedRequest(tuple(ids), frozen, max_tokens, eos, bad_words, guides, parser, at_start)

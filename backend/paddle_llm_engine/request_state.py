@@ -55,16 +55,21 @@ def _seconds(x: float) -> str:
 
 class SequenceState:
     """One sequence of a request: seq (token state), sampling (sampler.SamplingState) and the
-    output side (detokenizer, stop-string matcher, tokens not yet reported)."""
+    output side (detokenizer, stop-string matcher, tokens not yet reported, and with a reasoning
+    parser the text split of what is sent into reasoning and answer: `split`, else None)."""
 
-    def __init__(self, seq: Sequence, sampling: SamplingState, tokenizer):
+    def __init__(self, seq: Sequence, sampling: SamplingState, tokenizer, reasoning=None, thinks_at_start=False):
         self.seq = seq
         self.sampling = sampling
         prm = seq.params
+        keep = reasoning.special_marker_ids if reasoning is not None else frozenset()
         self.detok = IncrementalDetokenizer(tokenizer, seq.token_ids, prm.skip_special_tokens,
-                                            prm.spaces_between_special_tokens)
+                                            prm.spaces_between_special_tokens, keep_special=keep,
+                                            hide_ids=reasoning.hidden_ids if keep else frozenset())
         self.stops = StopStringMatcher(prm.stop, include_stop=prm.include_stop_str_in_output)
         self.unreported: list[int] = []
+        self.split = reasoning.text_parser(thinks_at_start) if reasoning is not None else None
+        self.reasoning_text = self.content_text = ""  # this step's parts of the text (with `split`)
 
     def process(self, token: int, reason: str | None) -> tuple[str, str | None]:
         """Output processing of one appended token: (the text that can be sent now, the finish
@@ -74,11 +79,18 @@ class SequenceState:
         self.unreported.append(token)
         text, stopped = self.stops.push(self.detok.add([token]))
         if stopped:
-            return text, "stop"
-        if reason is not None:
+            reason = "stop"
+        elif reason is not None:
             tail, stopped = self.stops.push(self.detok.flush())
             text += tail if stopped else tail + self.stops.flush()
             reason = "stop" if stopped else reason
+        if self.split is not None:
+            r, c = self.split.feed(text)
+            if reason is not None:
+                r2, c2 = self.split.finish()
+                r, c = r + r2, c + c2
+            self.reasoning_text += r
+            self.content_text += c
         return text, reason
 
 
@@ -91,9 +103,10 @@ class RequestState:
         for i in range(prm.n):
             seq = Sequence(request_id, list(p.prompt_token_ids), prm, p.max_tokens, list(p.eos_token_ids),
                            arrival_time if i == 0 else self.states[0].seq.arrival_time, seq_index=i)
+            thinking = p.reasoning.new_state(p.thinks_at_start, prm.reasoning_max_tokens) if p.reasoning else None
             sampling = SamplingState.create(prm, i, p.eos_token_ids, p.bad_words_ids,
-                                            p.guides[i] if p.guides else None)
-            self.states.append(SequenceState(seq, sampling, tokenizer))
+                                            p.guides[i] if p.guides else None, thinking)
+            self.states.append(SequenceState(seq, sampling, tokenizer, p.reasoning, p.thinks_at_start))
         self.pending = [st.seq for st in self.states[1:]]
         self.unfinished = len(self.states)
         self.deadline: Deadline | None = None
@@ -110,6 +123,10 @@ class RequestState:
         ids, st.unreported = st.unreported, []
         lps, seq.pending_logprobs = seq.pending_logprobs, []
         seqs = [x.seq for x in self.states]
+        reasoning = content = None
+        if st.split is not None:
+            reasoning, content, st.reasoning_text, st.content_text = st.reasoning_text, st.content_text, "", ""
+        thinking = st.sampling.thinking
         firsts = [x.first_token_time for x in seqs if x.first_token_time is not None]
         lasts = [x.last_token_time for x in seqs if x.last_token_time is not None]
         return RequestOutput(
@@ -121,4 +138,6 @@ class RequestState:
             sequence_finished=seq_finished, first_token_time=min(firsts) if firsts else None,
             last_token_time=max(lasts) if lasts else None,
             num_new_blocks=sum(x.num_new_blocks for x in seqs),
-            num_reused_blocks=sum(x.num_reused_blocks for x in seqs))
+            num_reused_blocks=sum(x.num_reused_blocks for x in seqs),
+            reasoning_text=reasoning, content_text=content,
+            num_reasoning_tokens=thinking.num_reasoning if thinking is not None else 0)

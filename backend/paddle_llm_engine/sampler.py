@@ -6,6 +6,9 @@ Order of processing (HF `generate` / vLLM): allowed_token_ids mask and logit_bia
 them first) -> min_tokens mask -> repetition, presence and frequency
 penalties -> guided-decoding mask (guided.py; computed off this path) -> temperature -> top-k ->
 top-p -> min-p -> draw. Penalties and the guide also apply to greedy rows.
+A thinking sequence (reasoning/base.py ThinkingState) whose budget ran out emits its family's end
+sequence instead of drawing (the row's logprob entry is still the model's for that token), and
+its guide waits until the thinking span is over (vLLM's reasoning-aware structured outputs).
 
 The engine calls `sample` on the logits its executor returned, with each row's Sequence (its
 tokens so far) and SamplingState (what the request's state derived from its params: generator,
@@ -32,7 +35,8 @@ class SamplingState:
     bad_words_ids: token sequences that must not be generated (params.bad_words tokenized, plus
         params.bad_words_ids); bias_ids / bias_values: logit_bias as arrays; allowed:
         allowed_token_ids as a sorted unique int64 array, or None; guide: the sequence's
-        guided.GuideState, or None."""
+        guided.GuideState, or None; thinking: the sequence's reasoning.ThinkingState, or None
+        (no reasoning parser)."""
 
     params: SamplingParams
     rng: np.random.Generator | None
@@ -42,10 +46,11 @@ class SamplingState:
     bias_values: np.ndarray | None = None
     allowed: np.ndarray | None = None
     guide: object = None
+    thinking: object = None
 
     @classmethod
     def create(cls, params: SamplingParams, seq_index: int = 0, eos_token_ids=(), bad_words_ids=(),
-               guide=None) -> "SamplingState":
+               guide=None, thinking=None) -> "SamplingState":
         """The state of sequence `seq_index` of a request (sequence i draws with the seed
         params.seed + i (mod 2^64), so it samples exactly as a request with that seed and n = 1)."""
         seed = params.seed if params.seed is None or not seq_index else (params.seed + seq_index) % 2**64
@@ -57,7 +62,8 @@ class SamplingState:
                    bad_words_ids=tuple(tuple(w) for w in bad_words_ids),
                    bias_ids=np.fromiter(bias.keys(), dtype=np.int64, count=len(bias)),
                    bias_values=np.fromiter(bias.values(), dtype=np.float32, count=len(bias)),
-                   allowed=None if allowed is None else np.unique(np.asarray(allowed, np.int64)), guide=guide)
+                   allowed=None if allowed is None else np.unique(np.asarray(allowed, np.int64)), guide=guide,
+                   thinking=thinking)
 
     @property
     def custom(self) -> bool:
@@ -65,8 +71,13 @@ class SamplingState:
         return bool(self.bias_ids.size) or self.allowed is not None
 
     def guide_finished(self, token: int, goes_on: bool) -> bool:
-        """Guided decoding: feed the chosen token to the guide (and, when the sequence goes on,
-        start its next mask). True when the guide ends the sequence ("stop")."""
+        """Feed the appended token to the thinking state while the sequence thinks (those tokens never
+        reach the guide), else to the guide (and, when the sequence goes on, start its next mask).
+        True when the guide ends the sequence ("stop")."""
+        th = self.thinking
+        if th is not None and th.active:
+            th.observe(token)
+            return False
         if self.guide is None:
             return False
         return self.guide.ends(token) or self.guide.advance(token, prefetch=goes_on)
@@ -200,8 +211,11 @@ def draw_speculative(raw: np.ndarray, seq: Sequence, st: SamplingState, draft: i
     from paddle_llm_engine.spec_decode.rejection import accept_or_resample
 
     prm = st.params
-    row = _processed_row(raw, seq, st)
-    if prm.greedy:
+    forced = st.thinking.forced_token() if st.thinking is not None else None
+    row = _processed_row(raw, seq, st) if forced is None else None
+    if forced is not None:
+        tok, accepted = forced, draft is not None and forced == draft
+    elif prm.greedy:
         tok = int(np.argmax(row))
         accepted = draft is not None and tok == draft
     else:
@@ -235,7 +249,7 @@ def _processed_row(raw: np.ndarray, seq: Sequence, st: SamplingState) -> np.ndar
         _suppress_stops(row, seq, st)
         _apply_penalties(row, seq, prm)
         _ban_bad_words(row, seq, st)
-    if st.guide is not None:
+    if st.guide is not None and (st.thinking is None or not st.thinking.active):
         row = st.guide.apply(row, raw)
     return row
 
@@ -243,6 +257,10 @@ def _processed_row(raw: np.ndarray, seq: Sequence, st: SamplingState) -> np.ndar
 def _draw(raw: np.ndarray, seq: Sequence, st: SamplingState) -> int:
     """One row's token: the row processed in the module docstring's order, then argmax or a draw."""
     prm = st.params
+    if st.thinking is not None:
+        forced = st.thinking.forced_token()
+        if forced is not None:
+            return forced
     row = _processed_row(raw, seq, st)
     if prm.greedy:
         return int(np.argmax(row))

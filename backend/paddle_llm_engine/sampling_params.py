@@ -87,6 +87,12 @@ class SamplingParams:
     allowed_token_ids: None, or the only token ids that may be generated (others are masked first).
     truncate_prompt_tokens: None, k >= 1 (keep the prompt's last k tokens) or -1 (keep the last
         max_model_len - 1, so one token can still be generated); applied by LLMEngine.check_request.
+    reasoning_max_tokens: None (no budget) or N >= 0: a thinking model may choose at most N tokens
+        inside its thinking span; then the engine emits the family's end sequence (e.g. "\n</think>\n\n")
+        and the answer follows (FastDeploy's reasoning_max_tokens, vLLM's thinking_token_budget).
+        Needs a reasoning parser (reasoning/registry.py); 0 ends the thinking at once.
+    reasoning_parser: None (the engine's setting), "none" (no thinking span: the output is all answer
+        for the engine) or a parser name (reasoning/registry.py PARSERS).
     """
 
     temperature: float = 1.0
@@ -115,6 +121,8 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)
     allowed_token_ids: list[int] | None = None
     truncate_prompt_tokens: int | None = None
+    reasoning_max_tokens: int | None = None
+    reasoning_parser: str | None = None
 
     def __setattr__(self, name, value):
         if self.__dict__.get("_frozen"):
@@ -190,10 +198,18 @@ class SamplingParams:
                 if not (0 <= t < vocab_size):
                     raise InvalidRequestError("allowed_token_ids",
                                               f"token id {t} outside the vocabulary [0, {vocab_size})")
+        self._validate_extras()
+
+    def _validate_extras(self) -> None:
+        """truncate_prompt_tokens; reasoning_max_tokens >= 0 (whether the model can think is the
+        engine's check)."""
         if self.truncate_prompt_tokens is not None and not (self.truncate_prompt_tokens >= 1
                                                             or self.truncate_prompt_tokens == -1):
             raise InvalidRequestError("truncate_prompt_tokens",
                                       f"must be >= 1 or -1, got {self.truncate_prompt_tokens}")
+        if self.reasoning_max_tokens is not None and not self.reasoning_max_tokens >= 0:
+            raise InvalidRequestError("reasoning_max_tokens", f"must be >= 0 (0 ends the thinking at once), "
+                                                              f"got {self.reasoning_max_tokens}")
 
     def truncated_prompt(self, prompt_token_ids: list[int], max_model_len: int) -> list[int]:
         """The prompt as the engine runs it: its last truncate_prompt_tokens tokens (-1: the last

@@ -2,7 +2,8 @@
 
 `Frontend` holds what the routes share: the gRPC client of `llm` (made in the app's lifespan, on
 its event loop), the served model names, the chat renderer (chat_template.ChatRenderer, loaded at
-start-up off the event loop; it also picks the tool parser), the metrics and the drain state.
+start-up off the event loop; it also picks the tool parser), the reasoning parser setting
+(--reasoning-parser, reasoning.py), the metrics and the drain state.
 
 Disconnects: every request runs beside a watcher of the connection (`_until_disconnect`) from the
 moment it is accepted, so one that waits in the engine's queue is cancelled when its client leaves,
@@ -47,11 +48,12 @@ class Frontend:
     """Shared state. served_names: model names clients may send (the first is the main one)."""
 
     def __init__(self, tritonserver_url: str, model: str, served_names: list[str], tokenizer: str | None,
-                 triton_metrics_url: str | None):
+                 triton_metrics_url: str | None, reasoning_parser: str = "auto"):
         self.tritonserver_url = tritonserver_url
         self.model = model
         self.served_names = served_names
         self.tokenizer = tokenizer
+        self.reasoning_parser = reasoning_parser  # reasoning.py: auto / none / a family
         self.metrics = FrontendMetrics(triton_metrics_url)
         self.llm: TritonLLM | None = None
         self.created = int(time.time())

@@ -7,6 +7,10 @@ a named tool_choice forces a valid call through guided decoding (tools.guide_for
 `llm` requests (seeds seed + i). Streams: a first chunk per choice with the role, content (or
 tool-call) deltas, a last chunk per choice with its finish_reason, the usage chunk when
 stream_options.include_usage, then [DONE].
+Thinking models (reasoning.py): `llm` returns the thinking apart from the answer; the message carries
+it as `reasoning` and as the older `reasoning_content` (vLLM moved to the first; FastDeploy and many
+clients read the second), streamed as `delta.reasoning` / `delta.reasoning_content`; content and
+tool calls come from the answer only; usage.completion_tokens_details.reasoning_tokens counts it.
 """
 
 from __future__ import annotations
@@ -17,13 +21,14 @@ from typing import AsyncIterator
 
 from paddle_llm_openai import logprobs as lp
 from paddle_llm_openai import params
+from paddle_llm_openai import reasoning as reasoning_mod
 from paddle_llm_openai.errors import bad_param, classify
 from paddle_llm_openai.protocol import ChatCompletionRequest
 from paddle_llm_openai.streaming import collect, open_stream, relay, sse
 from paddle_llm_openai.triton_client import TritonError
 
 
-def _render(fe, req: ChatCompletionRequest):
+def _render(fe, req: ChatCompletionRequest, template_kwargs: dict | None):
     """(prompt, tool parser or None, guided-decoding entries forcing a call or None). 400s name the
     parameter (tools.ToolsError, chat_template.ChatTemplateError)."""
     from paddle_llm_openai import tools as tools_mod
@@ -42,7 +47,7 @@ def _render(fe, req: ChatCompletionRequest):
         raise bad_param(e.param, e.message) from None
     try:
         prompt = renderer.render(req.messages, tools if parser is not None else None,
-                                 bool(req.add_generation_prompt), req.chat_template_kwargs)
+                                 bool(req.add_generation_prompt), template_kwargs)
     except ChatTemplateError as e:
         raise bad_param(e.param, e.message) from None
     return prompt, parser, guide
@@ -54,11 +59,13 @@ async def create(fe, req: ChatCompletionRequest):
     params.check_refused(req)
     model = params.check_model(fe.served_names, req.model)
     n = params.check_n(req)
-    prompt, parser, tool_guide = _render(fe, req)
     rf_guide = params.response_format_guide(req.response_format)
+    sp, names = params.sampling(req, chat=True, guide=rf_guide)
+    kwargs, split = reasoning_mod.apply(req, sp, names, req.chat_template_kwargs,
+                                        fe.renderer.template_has_thinking_switch, fe.reasoning_parser)
+    prompt, parser, tool_guide = _render(fe, req, kwargs)
     if tool_guide and rf_guide:
         raise bad_param("response_format", "cannot be combined with a forced tool call (tool_choice)")
-    sp, names = params.sampling(req, chat=True, guide=rf_guide)
     if tool_guide:
         sp.update(tool_guide)
         names["sampling_parameters.structured_outputs"] = "tool_choice"
@@ -67,11 +74,12 @@ async def create(fe, req: ChatCompletionRequest):
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     gens = [fe.llm.generate(prompt, dict(sp, seed=seeds[i]) if seeds[i] is not None else sp,
-                            stream=bool(req.stream), logprobs=bool(req.logprobs), request_id=f"{rid}-{i}")
+                            stream=bool(req.stream), logprobs=bool(req.logprobs), request_id=f"{rid}-{i}",
+                            reasoning=split)
             for i in range(n)]
     k = req.top_logprobs or 0
     if req.stream:
-        return await _stream(req, gens, parser, names, rid, created, model, k)
+        return await _stream(req, gens, parser, names, rid, created, model, k, split)
     try:
         seqs = await collect(gens)
     except TritonError as e:
@@ -79,6 +87,8 @@ async def create(fe, req: ChatCompletionRequest):
     choices = []
     for i, s in enumerate(seqs):
         msg = {"role": "assistant", "content": s.text, "refusal": None}
+        if split:  # both names: vLLM's current field and the older one FastDeploy and clients read
+            msg["reasoning"] = msg["reasoning_content"] = s.reasoning or None
         finish = s.finish_reason
         if parser is not None:
             content, calls = parser.parse(s.text)
@@ -91,7 +101,8 @@ async def create(fe, req: ChatCompletionRequest):
                         if req.logprobs else None})
     return {"id": rid, "object": "chat.completion", "created": created, "model": model,
             "system_fingerprint": None, "choices": choices,
-            "usage": params.usage(seqs[0].num_input_tokens, sum(s.num_output_tokens for s in seqs))}
+            "usage": params.usage(seqs[0].num_input_tokens, sum(s.num_output_tokens for s in seqs),
+                                  sum(s.num_reasoning_tokens for s in seqs) if split else None)}
 
 
 class _ChatPieces:
@@ -101,14 +112,21 @@ class _ChatPieces:
 
     def __init__(self, n: int, parser, chunk):
         self.chunk = chunk
-        self.n_in, self.n_out = [0] * n, [0] * n
+        self.n_in, self.n_out, self.n_reasoning = [0] * n, [0] * n, [0] * n
         self.states = [parser.stream() if parser is not None else None for _ in range(n)]
         self.called = [False] * n
 
     def __call__(self, i: int, piece) -> list[bytes]:
         self.n_in[i] = piece.num_input_tokens or self.n_in[i]
         self.n_out[i] += piece.num_output_tokens
+        self.n_reasoning[i] += piece.num_reasoning_tokens
         out, st = [], self.states[i]
+        entries = piece.logprobs
+        if piece.reasoning:  # the thinking first: it came before this piece's answer text
+            out.append(self.chunk(i, {"reasoning": piece.reasoning, "reasoning_content": piece.reasoning},
+                                  entries=None if piece.text else entries))
+            if not piece.text:
+                piece.logprobs = None  # carried by the reasoning chunk
         if st is None:
             if piece.text or piece.logprobs:
                 out.append(self.chunk(i, {"content": piece.text}, entries=piece.logprobs))
@@ -126,7 +144,7 @@ class _ChatPieces:
         return out
 
 
-async def _stream(req, gens, parser, names, rid, created, model, k) -> AsyncIterator[bytes]:
+async def _stream(req, gens, parser, names, rid, created, model, k, split) -> AsyncIterator[bytes]:
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     pieces, first = await open_stream(gens, names)
     n = len(gens)
@@ -148,7 +166,8 @@ async def _stream(req, gens, parser, names, rid, created, model, k) -> AsyncIter
             return None
         return sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
                     "system_fingerprint": None, "choices": [],
-                    "usage": params.usage(handle.n_in[0], sum(handle.n_out))})
+                    "usage": params.usage(handle.n_in[0], sum(handle.n_out),
+                                          sum(handle.n_reasoning) if split else None)})
 
     async def events():
         for i in range(n):

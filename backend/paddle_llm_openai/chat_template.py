@@ -47,7 +47,8 @@ class ChatRenderer:
 
     model_dir: the folder with tokenizer.json / tokenizer_config.json / config.json.
     Attributes: model_type (config.json, "" when absent), chat_template (the template text or None),
-    template_has_tools (the template reads `tools`), tool_parser (tools.tool_parser_for)."""
+    template_has_tools (the template reads `tools`), template_has_thinking_switch (it reads
+    `enable_thinking`, as Qwen3's), tool_parser (tools.tool_parser_for)."""
 
     def __init__(self, model_dir: str):
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -63,6 +64,7 @@ class ChatRenderer:
             tpl = tpl.get("default") or next(iter(tpl.values()), None)
         self.chat_template: str | None = tpl
         self.template_has_tools = bool(tpl) and "tools" in tpl
+        self.template_has_thinking_switch = bool(tpl) and "enable_thinking" in tpl
         try:
             with open(os.path.join(model_dir, "config.json")) as f:
                 self.model_type = json.load(f).get("model_type", "")

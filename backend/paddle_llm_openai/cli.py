@@ -1,5 +1,5 @@
 """Command line: `python -m paddle_llm_openai --tritonserver-url 127.0.0.1:8001 --tokenizer <model dir>
---host 127.0.0.1 --openai-port 9000 [--served-model-name NAME ...] [--model llm]`.
+--host 127.0.0.1 --openai-port 9000 [--served-model-name NAME ...] [--model llm] [--reasoning-parser auto]`.
 
 The option names follow Triton's own OpenAI frontend (server repo python/openai/openai_frontend/
 main.py: --tritonserver-url, --tokenizer, --host, --openai-port, default 9000) so a user can switch
@@ -31,6 +31,7 @@ import uvicorn
 
 from paddle_llm_openai.app import Frontend, build_app
 from paddle_llm_openai.guards import DEFAULT_MAX_BODY_BYTES
+from paddle_llm_openai.reasoning import check_parser_setting
 
 
 class DrainingServer(uvicorn.Server):
@@ -67,6 +68,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--tokenizer", default=None, help="the model folder (chat template, config.json)")
     ap.add_argument("--served-model-name", nargs="+", default=None,
                     help="names clients use in `model` (default: the model folder's name and --model)")
+    ap.add_argument("--reasoning-parser", default="auto",
+                    help="thinking models: auto (llm's reasoning_parser), none (the raw text in content), or "
+                         "qwen3 / ernie45 / deepseek_r1 (sent to llm per request); docs/features/reasoning.md")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--openai-port", type=int, default=9000)
     ap.add_argument("--drain-grace", type=float, default=30.0,
@@ -118,13 +122,19 @@ def max_body_bytes(args, env=None) -> int:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    try:
+        reasoning_parser = check_parser_setting(args.reasoning_parser)
+    except ValueError as e:
+        print(f"paddle_llm_openai: {e}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s openai %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per /metrics scrape otherwise
     metrics_url = args.triton_metrics_url
     if metrics_url is None:
         host = args.tritonserver_url.rsplit(":", 1)[0]
         metrics_url = f"http://{host}:8002/metrics"
-    fe = Frontend(args.tritonserver_url, args.model, served_names(args), args.tokenizer, metrics_url or None)
+    fe = Frontend(args.tritonserver_url, args.model, served_names(args), args.tokenizer, metrics_url or None,
+                  reasoning_parser)
     keys = api_keys(args)
     try:
         app = build_app(fe, keys, max_body_bytes(args))

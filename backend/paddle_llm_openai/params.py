@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from paddle_llm_openai.errors import bad_param
+from paddle_llm_openai.reasoning import budget as reasoning_budget
 
 MAX_N = 16  # sequences per request (each is one `llm` request; more is better sent as separate requests)
 MAX_LOGPROBS = 20  # llm's range for `logprobs` (vLLM's too); OpenAI's for chat top_logprobs
@@ -33,7 +34,6 @@ REFUSED = {
     "modalities": "only [\"text\"] is supported",
     "prediction": "predicted outputs are not supported",
     "web_search_options": "web search is not supported",
-    "reasoning_effort": "the served models have no reasoning mode",
     "verbosity": "the served models have no verbosity setting",
     "suffix": "insertion (fill-in-the-middle) is not supported",
     "best_of": "only 1 (or equal to n: every sequence is returned) is supported",
@@ -149,6 +149,10 @@ def sampling(req, chat: bool, guide: dict | None = None, guide_param: str = "res
         sp["logprobs"] = req.logprobs
     if guide is not None:
         sp["structured_outputs"] = guide
+    n, param = reasoning_budget(req)
+    if n is not None:  # chat adds reasoning_effort on top (reasoning.apply)
+        sp["reasoning_max_tokens"] = n
+        names["sampling_parameters.reasoning_max_tokens"] = param
     return sp, names
 
 
@@ -162,6 +166,11 @@ def check_model(served: list[str], name: str) -> str:
     return name
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def usage(prompt_tokens: int, completion_tokens: int, reasoning_tokens: int | None = None) -> dict:
+    """OpenAI usage; reasoning_tokens (those inside the thinking span, of completion_tokens) adds
+    completion_tokens_details when the output was split (None: not reported)."""
+    u = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+         "total_tokens": prompt_tokens + completion_tokens}
+    if reasoning_tokens is not None:
+        u["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+    return u

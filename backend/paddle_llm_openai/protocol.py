@@ -5,7 +5,8 @@ fields OpenAI defines that this server does not implement are declared here and 
 reason in params.py (REFUSED), or accepted and ignored (IGNORED). Fields beyond OpenAI's are vLLM's
 extensions of the same name (top_k, min_p, repetition_penalty, ignore_eos, min_tokens,
 skip_special_tokens, stop_token_ids, include_stop_str_in_output, add_generation_prompt,
-chat_template_kwargs). Ranges are checked by `llm` (the engine's rules) and by params.py for the
+chat_template_kwargs), and the thinking budget (reasoning_max_tokens, FastDeploy's name;
+thinking_token_budget, vLLM's). Ranges are checked by `llm` (the engine's rules) and by params.py for the
 OpenAI-only ones (n, logprobs, top_logprobs).
 """
 
@@ -51,6 +52,9 @@ class _Common(BaseModel):
     skip_special_tokens: Optional[bool] = None
     stop_token_ids: Optional[List[int]] = None
     include_stop_str_in_output: Optional[bool] = None
+    # thinking models: one budget under FastDeploy's and vLLM's names (paddle_llm_openai/reasoning.py)
+    reasoning_max_tokens: Optional[int] = None
+    thinking_token_budget: Optional[int] = None
     # accepted and ignored
     metadata: Optional[Dict[str, Any]] = None
     store: Optional[bool] = None
@@ -75,6 +79,7 @@ class ChatCompletionRequest(_Common):
     parallel_tool_calls: Optional[bool] = None
     add_generation_prompt: Optional[bool] = True
     chat_template_kwargs: Optional[Dict[str, Any]] = None
+    reasoning_effort: Optional[str] = None  # reasoning.py maps it
     # refused with a reason (params.REFUSED)
     functions: Optional[List[Dict[str, Any]]] = None
     function_call: Optional[Union[str, Dict[str, Any]]] = None
@@ -82,7 +87,6 @@ class ChatCompletionRequest(_Common):
     modalities: Optional[List[str]] = None
     prediction: Optional[Dict[str, Any]] = None
     web_search_options: Optional[Dict[str, Any]] = None
-    reasoning_effort: Optional[str] = None
     verbosity: Optional[str] = None
     prompt_cache_key: Optional[str] = None
     safety_identifier: Optional[str] = None

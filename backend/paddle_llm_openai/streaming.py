@@ -109,7 +109,8 @@ async def merged(gens: list[AsyncIterator[Piece]]) -> AsyncIterator[tuple[int, P
 
 @dataclass
 class Sequence:
-    """A finished sequence: the text, finish reason, token counts and logprob entries."""
+    """A finished sequence: the text, finish reason, token counts and logprob entries; with the
+    reasoning split (Piece.reasoning set) the thinking text and its token count."""
 
     text: str = ""
     finish_reason: str | None = None
@@ -117,9 +118,14 @@ class Sequence:
     num_output_tokens: int = 0
     logprobs: list[dict] | None = None
     pieces: list[str] = field(default_factory=list)
+    reasoning: str | None = None
+    num_reasoning_tokens: int = 0
 
     def add(self, piece: Piece) -> None:
         self.pieces.append(piece.text)
+        if piece.reasoning is not None:
+            self.reasoning = (self.reasoning or "") + piece.reasoning
+            self.num_reasoning_tokens += piece.num_reasoning_tokens
         self.num_input_tokens = piece.num_input_tokens or self.num_input_tokens
         self.num_output_tokens += piece.num_output_tokens
         if piece.logprobs is not None:

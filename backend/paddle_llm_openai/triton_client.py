@@ -3,7 +3,10 @@
 `TritonLLM(url, model).generate(prompt, sampling_parameters, stream, logprobs, request_id)` yields
 `Piece`s: text (the new text when streamed, the whole answer otherwise), finish_reason (None until
 the last piece, then "stop" / "length" / "abort"), num_input_tokens, num_output_tokens (of this piece
-when streamed, of the answer otherwise) and logprobs (llm's per-token entries, or None).
+when streamed, of the answer otherwise) and logprobs (llm's per-token entries, or None). With
+reasoning=True the request sets `return_reasoning`: text is then the answer only, `reasoning` the
+thinking (llm's reasoning_output; "" without a reasoning parser) and num_reasoning_tokens counted
+like num_output_tokens; without it `reasoning` is None.
 
 Every request has its own `ModelStreamInfer` call on the shared channel, so ending it early (the
 client went away, the iterator is closed or its task cancelled) cancels exactly that call, and
@@ -41,6 +44,8 @@ class Piece:
     num_input_tokens: int
     num_output_tokens: int
     logprobs: list[dict] | None
+    reasoning: str | None = None
+    num_reasoning_tokens: int = 0
 
 
 def _tensor(name: str, value, dtype: str) -> grpcclient.InferInput:
@@ -82,7 +87,7 @@ class TritonLLM:
             return False
 
     async def generate(self, prompt: str, sampling_parameters: dict, stream: bool, logprobs: bool = False,
-                       request_id: str = "") -> AsyncIterator[Piece]:
+                       request_id: str = "", reasoning: bool = False) -> AsyncIterator[Piece]:
         inputs = [
             _tensor("text_input", prompt.encode("utf-8"), "BYTES"),
             _tensor("stream", stream, "BOOL"),
@@ -94,6 +99,8 @@ class TritonLLM:
         ]
         if logprobs:
             inputs.append(_tensor("return_logprobs", True, "BOOL"))
+        if reasoning:
+            inputs.append(_tensor("return_reasoning", True, "BOOL"))
         done = asyncio.Event()
 
         async def requests():
@@ -140,7 +147,7 @@ def _piece(result) -> Piece:
         elif out.datatype == "UINT32":
             v[out.name] = _U32.unpack_from(b, 0)[0] if len(b) >= 4 else 0
     return _make(v.get("text_output"), v.get("finish_reason"), v.get("logprobs"), v.get("num_input_tokens"),
-                 v.get("num_output_tokens"))
+                 v.get("num_output_tokens"), v.get("reasoning_output"), v.get("num_reasoning_tokens"))
 
 
 def _piece_numpy(result) -> Piece:
@@ -149,12 +156,16 @@ def _piece_numpy(result) -> Piece:
         return None if a is None or a.size == 0 else a.reshape(-1)[0]
 
     return _make(first("text_output"), first("finish_reason"), first("logprobs"), first("num_input_tokens"),
-                 first("num_output_tokens"))
+                 first("num_output_tokens"), first("reasoning_output"), first("num_reasoning_tokens"))
 
 
-def _make(text, reason, lp, n_in, n_out) -> Piece:
+def _text(b) -> str | None:
+    return b.decode("utf-8", "replace") if isinstance(b, bytes) else b
+
+
+def _make(text, reason, lp, n_in, n_out, reasoning=None, n_reasoning=None) -> Piece:
     reason = reason.decode() if isinstance(reason, bytes) else reason
-    return Piece(text=(text.decode("utf-8", "replace") if isinstance(text, bytes) else (text or "")),
-                 finish_reason=None if reason in (None, "None") else reason,
+    return Piece(text=_text(text) or "", finish_reason=None if reason in (None, "None") else reason,
                  num_input_tokens=int(n_in or 0), num_output_tokens=int(n_out or 0),
-                 logprobs=json.loads(lp) if lp is not None else None)
+                 logprobs=json.loads(lp) if lp is not None else None, reasoning=_text(reasoning),
+                 num_reasoning_tokens=int(n_reasoning or 0))

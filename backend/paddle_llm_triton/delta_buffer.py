@@ -27,12 +27,19 @@ from paddle_llm_engine.outputs import RequestOutput
 @dataclass
 class Flush:
     """One response's worth of one sequence: text (prompt text included where it applies), the token
-    ids and their (logprob, top alternatives) entries since the previous flush."""
+    ids and their (logprob, top alternatives) entries since the previous flush. With a reasoning
+    parser (RequestOutput.reasoning_text set): reasoning / content, the thinking and answer parts of
+    `text` (the prompt text goes before content), num_reasoning_tokens (the sequence's so far) and
+    reasoning_tokens (those since the previous flush); reasoning and content are None without one."""
 
     text: str
     ids: list[int]
     logprobs: list
     first: bool  # the sequence's first flush
+    reasoning: str | None = None
+    content: str | None = None
+    num_reasoning_tokens: int = 0
+    reasoning_tokens: int = 0
 
 
 @dataclass
@@ -41,6 +48,10 @@ class _Seq:
     ids: list[int] = field(default_factory=list)
     logprobs: list = field(default_factory=list)
     flushed: bool = False
+    reasoning: list[str] | None = None  # with a reasoning parser: the parts since the last flush
+    content: list[str] | None = None
+    n_reasoning: int = 0  # the sequence's reasoning tokens: latest, and at the last flush
+    n_reasoning_sent: int = 0
 
 
 class SequenceBuffers:
@@ -67,12 +78,24 @@ class SequenceBuffers:
         s.text.append(out.text)
         s.ids.extend(out.token_ids)
         s.logprobs.extend(out.logprobs)
+        if out.reasoning_text is not None:
+            if s.reasoning is None:
+                s.reasoning, s.content = [], []
+            s.reasoning.append(out.reasoning_text)
+            s.content.append(out.content_text or "")
+            s.n_reasoning = out.num_reasoning_tokens
         text = "".join(s.text)
         due = not s.flushed or len(s.ids) >= self.stream_interval
         if not (out.sequence_finished or (self.stream and text and due and not hold)):
             return None
+        reasoning = content = None
+        if s.reasoning is not None:
+            reasoning, content = "".join(s.reasoning), "".join(s.content)
+            s.reasoning, s.content = [], []
         if not s.flushed and self.prompt_text is not None:
             text = self.prompt_text + text
-        flush = Flush(text, s.ids, s.logprobs, first=not s.flushed)
-        s.text, s.ids, s.logprobs, s.flushed = [], [], [], True
+            content = self.prompt_text + content if content is not None else None
+        flush = Flush(text, s.ids, s.logprobs, first=not s.flushed, reasoning=reasoning, content=content,
+                      num_reasoning_tokens=s.n_reasoning, reasoning_tokens=s.n_reasoning - s.n_reasoning_sent)
+        s.text, s.ids, s.logprobs, s.flushed, s.n_reasoning_sent = [], [], [], True, s.n_reasoning
         return flush

@@ -60,7 +60,7 @@ PRE_INPUTS = ("text_input", "max_tokens", "stream", "stop_words", "bad_words", "
               "top_p", "temperature", "repetition_penalty", "presence_penalty", "frequency_penalty",
               "length_penalty", "min_tokens", "min_length", "seed", "random_seed", "exclude_input_in_output",
               "return_log_probs", "beam_width", "num_return_sequences", "apply_chat_template",
-              "guided_decoding_guide_type", "guided_decoding_guide")
+              "guided_decoding_guide_type", "guided_decoding_guide", "reasoning_max_tokens", "thinking_token_budget")
 PRE_OUTPUTS = ["INPUT_IDS", "SAMPLING_PARAMETERS", "STREAM", "EXCLUDE_INPUT_IN_OUTPUT", "RETURN_LOG_PROBS"]
 POST_OUTPUTS = ["text_output", "cum_log_probs", "output_log_probs"]
 

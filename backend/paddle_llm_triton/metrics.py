@@ -236,6 +236,7 @@ class LLMMetrics:
         self.rejected = {r: F() for r in REJECT_REASONS}
         self.timed_out, self.kv_used, self.kv_free, self.prefix_hit, self.healthy, self.restarts = (
             F(), F(), F(), F(), F(), F())
+        self.reasoning_tokens = F()
         if "llm" in self.names:
             self._create_llm()
 
@@ -256,6 +257,8 @@ class LLMMetrics:
 
         counter(self.prompt_tokens, "llm_prompt_tokens_total", "Prompt tokens of requests that started generating")
         counter(self.generation_tokens, "llm_generation_tokens_total", "Generated tokens")
+        counter(self.reasoning_tokens, "llm_reasoning_tokens_total", "Generated tokens inside a thinking span "
+                                                                     "(counted when their sequence ends)")
         fam = self._family("llm_requests_total", "Finished requests by finish reason", MF.COUNTER)
         for r in FINISH_REASONS:
             self.requests[r].attach(fam.Metric(labels={**lb, "finish_reason": r}))
@@ -291,6 +294,7 @@ class LLMMetrics:
         for r in REJECT_REASONS:
             self.rejected[r].increment(0)
         self.timed_out.increment(0)
+        self.reasoning_tokens.increment(0)
         self.kv_free.set(0)
         self.healthy.set(1)
         self.restarts.set(self.restarts_before)
@@ -540,6 +544,8 @@ class LLMMetrics:
                     for _ in range(n):
                         self.itl.observe(gap)
                 r.last_token = t
+        if out.sequence_finished and out.num_reasoning_tokens:  # once per sequence, its total
+            self._count(self.reasoning_tokens, out.num_reasoning_tokens)
         if out.finished:
             del self._reqs[out.request_id]
             self.requests.get(out.finish_reason or "error", self.requests["error"]).increment(1)

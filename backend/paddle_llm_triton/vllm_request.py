@@ -41,7 +41,11 @@ class ResponseOptions:
     stream: one response per output with text (else one at the end); prompt_text: prepended to a
     non-streamed answer (exclude_input_in_output False), else None; return_*: the optional outputs;
     logprobs_null: return_logprobs without `logprobs` asked (JSON null, as vLLM);
-    skip_special_tokens: how decoded_token renders special tokens (as text_output)."""
+    skip_special_tokens: how decoded_token renders special tokens (as text_output);
+    return_reasoning: (an extension; the vLLM backend has no reasoning output) text_output carries
+    the answer only, reasoning_output the thinking (the model's reasoning parser splits them; without
+    one reasoning_output is "" and text_output the whole text), num_reasoning_tokens the sequence's
+    tokens inside its thinking span (of this response when streaming, of the answer otherwise)."""
 
     stream: bool = False
     prompt_text: str | None = None
@@ -52,13 +56,24 @@ class ResponseOptions:
     logprobs_null: bool = False
     skip_special_tokens: bool = True
     return_cumulative_logprob: bool = False
+    return_reasoning: bool = False
 
     def response(self, flush: Flush, out: RequestOutput, decode_token: Callable[[int, bool], str]):
         """The pb_utils.InferenceResponse of one flush of text (delta_buffer.py) from output `out`;
         decode_token(id, skip_special_tokens) renders logprob entries."""
         import triton_python_backend_utils as pb_utils
 
-        tensors = [pb_utils.Tensor("text_output", np.array([flush.text.encode("utf-8")], dtype=np.object_))]
+        text = flush.text
+        if self.return_reasoning:
+            if flush.content is not None:
+                text = flush.content
+            n_reasoning = flush.reasoning_tokens if self.stream else flush.num_reasoning_tokens
+            tensors = [pb_utils.Tensor("reasoning_output", np.array([(flush.reasoning or "").encode("utf-8")],
+                                                                    dtype=np.object_)),
+                       pb_utils.Tensor("num_reasoning_tokens", np.array([n_reasoning], dtype=np.uint32))]
+        else:
+            tensors = []
+        tensors.insert(0, pb_utils.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_)))
         if self.return_finish_reason:
             reason = out.finish_reason if out.sequence_finished else "None"  # vLLM: str(None) until the end
             tensors.append(pb_utils.Tensor("finish_reason", np.array([reason.encode()], dtype=np.object_)))
@@ -138,7 +153,8 @@ class VllmRequest:
             return_num_input_tokens=bool(flag("return_num_input_tokens")),
             return_num_output_tokens=bool(flag("return_num_output_tokens")),
             return_logprobs=want_lp, logprobs_null=want_lp and params.logprobs is None,
-            skip_special_tokens=params.skip_special_tokens, return_cumulative_logprob=want_cum)
+            skip_special_tokens=params.skip_special_tokens, return_cumulative_logprob=want_cum,
+            return_reasoning=bool(flag("return_reasoning")))
         return cls(prompt_ids, params, options, timeout_seconds(request))
 
     def submit(self, loop: EngineLoop, request_id: str, on_output: Callable[[RequestOutput], None]) -> None:

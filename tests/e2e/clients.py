@@ -63,10 +63,12 @@ _ENSEMBLE_DTYPES = {
     "apply_chat_template": np.bool_,
     "guided_decoding_guide_type": np.object_,
     "guided_decoding_guide": np.object_,
+    "reasoning_max_tokens": np.int32,
+    "thinking_token_budget": np.int32,
 }
 
 LLM_FLAGS = ("exclude_input_in_output", "return_finish_reason", "return_num_input_tokens",
-             "return_num_output_tokens", "return_logprobs", "return_cumulative_logprob")
+             "return_num_output_tokens", "return_logprobs", "return_cumulative_logprob", "return_reasoning")
 
 
 def _tensor(name: str, arr: np.ndarray) -> grpcclient.InferInput:

@@ -9,7 +9,8 @@ from clients import Metrics, scrape_metrics
 LABELS = {"model": "llm", "version": "1"}
 
 COUNTERS = ["llm_prompt_tokens_total", "llm_generation_tokens_total", "llm_requests_total",
-            "llm_preemptions_total", "llm_requests_rejected_total", "llm_requests_timed_out_total"]
+            "llm_preemptions_total", "llm_requests_rejected_total", "llm_requests_timed_out_total",
+            "llm_reasoning_tokens_total"]
 GAUGES = ["llm_num_requests_running", "llm_num_requests_waiting", "llm_kv_cache_used_blocks",
           "llm_kv_cache_free_blocks", "llm_kv_cache_usage_ratio", "llm_prefix_cache_hit_ratio"]
 HISTOGRAMS = ["llm_time_to_first_token_seconds", "llm_inter_token_latency_seconds",

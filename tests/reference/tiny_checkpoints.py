@@ -135,8 +135,9 @@ FAMILIES: dict[str, tuple[int, dict, dict]] = {
 HF_INITIALIZED = {"ernie4_5_moe_interval": ("mlp.gate.moe_statics.e_score_correction_bias",)}
 
 
-def config_json(family: str) -> dict:
-    return {**_COMMON, **FAMILIES[family][1]}
+def config_json(family: str, vocab: int = VOCAB) -> dict:
+    """config.json of the family; vocab: its vocab_size (other tokenizers than tokenizer_files())."""
+    return {**_COMMON, **FAMILIES[family][1], "vocab_size": vocab}
 
 
 def prompts() -> list[list[int]]:
@@ -145,8 +146,9 @@ def prompts() -> list[list[int]]:
     return [rng.integers(len(SPECIAL_TOKENS), VOCAB, size=n).tolist() for n in PROMPT_LENGTHS]
 
 
-def make_weights(family: str) -> dict[str, np.ndarray]:
-    """HF-layout fp32 tensors (Linear weights [out, in]), drawn in a fixed order from the family's seed."""
+def make_weights(family: str, vocab: int = VOCAB) -> dict[str, np.ndarray]:
+    """HF-layout fp32 tensors (Linear weights [out, in]), drawn in a fixed order from the family's seed;
+    vocab: rows of the embedding and LM head (VOCAB for the reference fixtures)."""
     seed, cfg, opt = FAMILIES[family]
     rng = np.random.default_rng(seed)
     d = cfg.get("head_dim") or HIDDEN // HEADS
@@ -157,7 +159,7 @@ def make_weights(family: str) -> dict[str, np.ndarray]:
     def vec(n: int, mean: float, std: float) -> np.ndarray:
         return (mean + std * rng.standard_normal(n)).astype(np.float32)
 
-    w = {"model.embed_tokens.weight": rng.standard_normal((VOCAB, HIDDEN)).astype(np.float32),
+    w = {"model.embed_tokens.weight": rng.standard_normal((vocab, HIDDEN)).astype(np.float32),
          "model.norm.weight": vec(HIDDEN, 1.0, 0.1)}
     moe = opt.get("moe")
     for i in range(cfg.get("num_hidden_layers", LAYERS)):
@@ -188,7 +190,7 @@ def make_weights(family: str) -> dict[str, np.ndarray]:
             w[m + "up_proj.bias"] = vec(INTERMEDIATE, 0.0, 0.2)
             w[m + "down_proj.bias"] = vec(HIDDEN, 0.0, 0.2)
     if not cfg["tie_word_embeddings"]:
-        w["lm_head.weight"] = lin(VOCAB, HIDDEN, 8.0)
+        w["lm_head.weight"] = lin(vocab, HIDDEN, 8.0)
     return w
 
 

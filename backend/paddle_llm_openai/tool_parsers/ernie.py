@@ -1,7 +1,8 @@
 """ERNIE 4.5 format: calls as `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>` blocks
 (ERNIE-4.5-21B-A3B-Thinking's chat template and FastDeploy's `ernie-x1` parser); the answer text may
-be wrapped in `<response>` ... `</response>`, markers that are not content and are removed here. Any
-`<think>` ... `</think>` part stays in content (this frontend has no reasoning_content field)."""
+be wrapped in `<response>` ... `</response>`, markers that are not content and are removed here. The
+thinking (`<think>` ... `</think>`) never reaches this parser when `llm` splits it off
+(docs/features/reasoning.md); with --reasoning-parser none it stays in content."""
 
 from __future__ import annotations
 

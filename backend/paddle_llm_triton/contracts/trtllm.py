@@ -20,7 +20,7 @@ from paddle_llm_triton.contracts import guided
 from paddle_llm_triton.contracts.vllm import from_vllm_json
 
 INT_TENSORS = ("max_tokens", "top_k", "end_id", "pad_id", "min_tokens", "min_length", "beam_width",
-               "num_return_sequences", "seed", "random_seed")
+               "num_return_sequences", "seed", "random_seed", "reasoning_max_tokens", "thinking_token_budget")
 FLOAT_TENSORS = ("top_p", "temperature", "repetition_penalty", "presence_penalty", "frequency_penalty",
                  "length_penalty")
 STRING_LIST_TENSORS = ("stop_words", "bad_words")
@@ -34,6 +34,8 @@ _SCALARS = (
     ("min_tokens", "min_tokens", int), ("min_length", "min_tokens", int),
     ("repetition_penalty", "repetition_penalty", float), ("presence_penalty", "presence_penalty", float),
     ("frequency_penalty", "frequency_penalty", float),
+    # thinking models: FastDeploy's and vLLM's names of one budget (extensions of this contract)
+    ("reasoning_max_tokens", "reasoning_max_tokens", int), ("thinking_token_budget", "reasoning_max_tokens", int),
 )
 
 
@@ -55,7 +57,7 @@ def from_trtllm_tensors(values: dict, vocab_size: int) -> SamplingParams:
 
     Accepted keys: max_tokens, temperature, top_k, top_p, seed / random_seed, min_tokens /
     min_length, repetition_penalty, presence_penalty, frequency_penalty, end_id, stop_words,
-    bad_words, beam_width (1 only), num_return_sequences (1..MAX_SEQUENCES, sets n), length_penalty (1.0 only: it only
+    bad_words, reasoning_max_tokens / thinking_token_budget (thinking models' budget), beam_width (1 only), num_return_sequences (1..MAX_SEQUENCES, sets n), length_penalty (1.0 only: it only
     acts in beam search), guided_decoding_guide_type / guided_decoding_guide (contracts/guided.py).
     vocab_size: the model's (config.json), bounds end_id. Raises InvalidRequestError naming the tensor;
     every float tensor must be a finite number (checked first: the greedy default below would hide a
@@ -76,6 +78,11 @@ def from_trtllm_tensors(values: dict, vocab_size: int) -> SamplingParams:
         raise InvalidRequestError("seed", "seed and random_seed both given with different values")
     if "min_tokens" in values and "min_length" in values and int(values["min_tokens"]) != int(values["min_length"]):
         raise InvalidRequestError("min_tokens", "min_tokens and min_length both given with different values")
+    if ("reasoning_max_tokens" in values and "thinking_token_budget" in values
+            and int(values["reasoning_max_tokens"]) != int(values["thinking_token_budget"])):
+        raise InvalidRequestError("reasoning_max_tokens", f"reasoning_max_tokens ({values['reasoning_max_tokens']}) and "
+                                                          f"thinking_token_budget ({values['thinking_token_budget']}) "
+                                                          "are one budget under two names; both given with different values")
     p = SamplingParams(n=int(values.get("num_return_sequences", 1)))
     for key, attr, conv in _SCALARS:
         if key in values:

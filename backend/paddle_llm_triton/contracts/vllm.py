@@ -71,6 +71,12 @@ def _to_str_list(field: str, v) -> list[str]:
     raise InvalidRequestError(field, f"expected a string or a list of strings, got {v!r}")
 
 
+def _to_str(field: str, v) -> str:
+    if not isinstance(v, str):
+        raise InvalidRequestError(field, f"expected a string, got {v!r}")
+    return v
+
+
 def _json_string(field: str, v, kind: type):
     """A request parameter can only be a scalar: a list or object arrives as a JSON string."""
     if isinstance(v, str) and v.strip()[:1] in ("[", "{"):
@@ -135,7 +141,14 @@ _VLLM_KEYS = {
     "logit_bias": (_to_logit_bias, "logit_bias"),
     "allowed_token_ids": (_to_int_list, "allowed_token_ids"),
     "truncate_prompt_tokens": (_to_int, "truncate_prompt_tokens"),
+    # thinking models (paddle_llm_engine/reasoning/): one budget under FastDeploy's and vLLM's names,
+    # and the per-request parser (an extension: "none" or a family; what the OpenAI frontend sends)
+    "reasoning_max_tokens": (_to_int, "reasoning_max_tokens"),
+    "thinking_token_budget": (_to_int, "reasoning_max_tokens"),
+    "reasoning_parser": (_to_str, "reasoning_parser"),
 }
+# keys that are two names of one parameter: both given with different values is an error naming both
+SYNONYMS = (("reasoning_max_tokens", "thinking_token_budget"),)
 
 # vLLM SamplingParams keys (and the vLLM backend's lora_name) not implemented here: key -> (the value
 # that changes nothing, accepted; or _NO_NOOP) and why. Refused with that reason, not as unknown.
@@ -157,7 +170,7 @@ UNSUPPORTED_VLLM_KEYS = {
 # llm's BOOL inputs, also read from request parameters when the tensor is absent (Triton's HTTP
 # generate endpoint already turns parameters with these names into the inputs)
 INPUT_FLAGS = ("stream", "exclude_input_in_output", "return_finish_reason", "return_cumulative_logprob",
-               "return_logprobs", "return_num_input_tokens", "return_num_output_tokens")
+               "return_logprobs", "return_num_input_tokens", "return_num_output_tokens", "return_reasoning")
 # request parameters that are Triton's, not sampling parameters (also every "triton_" name)
 TRITON_PARAMETERS = frozenset({"priority", "timeout", "sequence_id", "sequence_start", "sequence_end",
                                "binary_data_output", "binary_data_size"})
@@ -210,6 +223,11 @@ def _from_dict(obj: dict, vocab_size: int | None) -> SamplingParams:
     if all(obj.get(k) is not None for k in guided.VLLM_GUIDE_KEYS):
         raise InvalidRequestError("sampling_parameters.guided_decoding",
                                   "send either guided_decoding or structured_outputs, not both")
+    for a, b in SYNONYMS:
+        if obj.get(a) is not None and obj.get(b) is not None and _to_int(f"sampling_parameters.{a}", obj[a]) != \
+                _to_int(f"sampling_parameters.{b}", obj[b]):
+            raise InvalidRequestError(f"sampling_parameters.{a}", f"{a} ({obj[a]}) and {b} ({obj[b]}) are one "
+                                                                  "budget under two names; both given with different values")
     for key, value in obj.items():
         spec = _VLLM_KEYS.get(key)
         field = f"sampling_parameters.{key}"
@@ -295,8 +313,9 @@ def to_json(p: SamplingParams) -> str:
     """Serialize to the JSON `from_vllm_json` reads (used between the ensemble's steps)."""
     d = {}
     defaults = SamplingParams()
+    synonyms = {b for _, b in SYNONYMS}
     for key, (_, attr) in _VLLM_KEYS.items():
-        if attr is None:
+        if attr is None or key in synonyms:
             continue
         v = getattr(p, attr)
         if attr == "guide":
