@@ -103,8 +103,8 @@ class LLMEngine:
         """What this engine runs on, as strings: device, dtype, kv_cache_dtype, kernels (the optional
         kernels the platform layer turned on, ';'-joined, or "composed"), quantization ("none",
         "wint8" or "wint4"), tensor_parallel_size, the admission limits max_num_seqs and max_num_waiting,
-        max_model_len, enable_prefix_caching ("1" / "0") and speculative_method ("none", or "ngram:k"
-        with k draft tokens per step). With tensor parallelism these are what the ranks decided (every
+        max_model_len, enable_prefix_caching ("1" / "0"), speculative_method ("none", or "ngram:k"
+        with k draft tokens per step) and reasoning_parser (the parser requests get by default, "none"). With tensor parallelism these are what the ranks decided (every
         rank decides alike)."""
         plan = self.executor.plan
         kernels = "composed"
@@ -120,7 +120,8 @@ class LLMEngine:
                 "max_model_len": str(self.config.max_model_len),
                 "enable_prefix_caching": "1" if self.config.enable_prefix_caching else "0",
                 "speculative_method": ("none" if self.config.speculative_method == "none" else
-                                       f"{self.config.speculative_method}:{self.config.num_speculative_tokens}")}
+                                       f"{self.config.speculative_method}:{self.config.num_speculative_tokens}"),
+                "reasoning_parser": self.reasoning.default.name if self.reasoning.default is not None else "none"}
 
     @property
     def eos_token_ids(self) -> list[int]:
