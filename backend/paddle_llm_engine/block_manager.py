@@ -166,6 +166,8 @@ class BlockManager:
         seq.block_hashes = [self._block_hash[b] for b in hits]
         seq.num_computed_tokens = cached
         seq.num_reused_blocks += len(hits)
+        if seq.num_cached_tokens is None:
+            seq.num_cached_tokens = min(cached, seq.num_prompt_tokens)
         self.allocate(seq, cached + n)
         if self.enable_prefix_caching:
             self.prefix_query_tokens += seq.num_tokens

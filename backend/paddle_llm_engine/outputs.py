@@ -29,7 +29,9 @@ class RequestOutput:
         including the end marker), 0 without a reasoning parser.
     Times are time.monotonic() seconds. Request-level (all sequences): first_token_time (first
     token sampled), last_token_time (latest token sampled), num_new_blocks (KV blocks allocated
-    fresh, copies on write included), num_reused_blocks (blocks found in the prefix cache).
+    fresh, copies on write included), num_reused_blocks (blocks found in the prefix cache),
+    num_cached_tokens (prompt tokens of sequence 0 found in the prefix cache when it was first
+    scheduled: OpenAI's usage.prompt_tokens_details.cached_tokens).
     """
 
     request_id: str
@@ -56,6 +58,7 @@ class RequestOutput:
     last_token_time: float | None = None
     num_new_blocks: int = 0
     num_reused_blocks: int = 0
+    num_cached_tokens: int = 0
     reasoning_text: str | None = None
     content_text: str | None = None
     num_reasoning_tokens: int = 0

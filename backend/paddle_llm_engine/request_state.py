@@ -138,6 +138,7 @@ class RequestState:
             sequence_finished=seq_finished, first_token_time=min(firsts) if firsts else None,
             last_token_time=max(lasts) if lasts else None,
             num_new_blocks=sum(x.num_new_blocks for x in seqs),
+            num_cached_tokens=seqs[0].num_cached_tokens or 0,
             num_reused_blocks=sum(x.num_reused_blocks for x in seqs),
             reasoning_text=reasoning, content_text=content,
             num_reasoning_tokens=thinking.num_reasoning if thinking is not None else 0)

@@ -30,6 +30,8 @@ class Sequence:
         resolved them for the request.
     num_new_blocks / num_reused_blocks: KV blocks this sequence took fresh (copies on write
         included) / found in the prefix cache, over its life (request perf metrics).
+    num_cached_tokens: prompt tokens found in the prefix cache when it was first scheduled (None
+        until then; a resumption after preemption does not change it): OpenAI's cached_tokens.
     spec: its speculative-decoding acceptance record (spec_decode.ngram.SpecState), or None when
         it does not speculate (speculation off, or a guided request).
     """
@@ -57,6 +59,7 @@ class Sequence:
         self.last_token_time: float | None = None
         self.num_new_blocks = 0
         self.num_reused_blocks = 0
+        self.num_cached_tokens: int | None = None
         self.cumulative_logprob = 0.0
         self.pending_logprobs: list[tuple[float, list[tuple[int, float]]]] = []  # not yet reported
         self.spec = None

@@ -102,7 +102,8 @@ async def create(fe, req: ChatCompletionRequest):
     return {"id": rid, "object": "chat.completion", "created": created, "model": model,
             "system_fingerprint": None, "choices": choices,
             "usage": params.usage(seqs[0].num_input_tokens, sum(s.num_output_tokens for s in seqs),
-                                  sum(s.num_reasoning_tokens for s in seqs) if split else None)}
+                                  sum(s.num_reasoning_tokens for s in seqs) if split else None,
+                                  seqs[0].num_cached_tokens)}
 
 
 class _ChatPieces:
@@ -112,12 +113,13 @@ class _ChatPieces:
 
     def __init__(self, n: int, parser, chunk):
         self.chunk = chunk
-        self.n_in, self.n_out, self.n_reasoning = [0] * n, [0] * n, [0] * n
+        self.n_in, self.n_out, self.n_reasoning, self.n_cached = [0] * n, [0] * n, [0] * n, [0] * n
         self.states = [parser.stream() if parser is not None else None for _ in range(n)]
         self.called = [False] * n
 
     def __call__(self, i: int, piece) -> list[bytes]:
         self.n_in[i] = piece.num_input_tokens or self.n_in[i]
+        self.n_cached[i] = piece.num_cached_tokens or self.n_cached[i]
         self.n_out[i] += piece.num_output_tokens
         self.n_reasoning[i] += piece.num_reasoning_tokens
         out, st = [], self.states[i]
@@ -167,7 +169,7 @@ async def _stream(req, gens, parser, names, rid, created, model, k, split) -> As
         return sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
                     "system_fingerprint": None, "choices": [],
                     "usage": params.usage(handle.n_in[0], sum(handle.n_out),
-                                          sum(handle.n_reasoning) if split else None)})
+                                          sum(handle.n_reasoning) if split else None, handle.n_cached[0])})
 
     async def events():
         for i in range(n):

@@ -61,9 +61,10 @@ async def create(fe, req: CompletionRequest):
         choices.append({"index": k, "text": text, "finish_reason": s.finish_reason,
                         "logprobs": lp.completion(s.logprobs or [], req.logprobs) if want_lp else None})
     prompt_tokens = sum(seqs[p * n].num_input_tokens for p in range(len(prompts)))
+    cached = sum(seqs[p * n].num_cached_tokens for p in range(len(prompts)))
     return {"id": rid, "object": "text_completion", "created": created, "model": model,
             "system_fingerprint": None, "choices": choices,
-            "usage": params.usage(prompt_tokens, sum(s.num_output_tokens for s in seqs))}
+            "usage": params.usage(prompt_tokens, sum(s.num_output_tokens for s in seqs), cached_tokens=cached)}
 
 
 async def _stream(req, gens, prompts, n, names, rid, created, model) -> AsyncIterator[bytes]:
@@ -80,7 +81,7 @@ async def _stream(req, gens, prompts, n, names, rid, created, model) -> AsyncIte
             c["usage"] = None
         return sse(c)
 
-    n_in, n_out = [0] * len(gens), [0] * len(gens)
+    n_in, n_out, n_cached = [0] * len(gens), [0] * len(gens), [0] * len(gens)
     offsets, echoed = [0] * len(gens), [False] * len(gens)
 
     def handle(k: int, piece) -> list[bytes]:
@@ -88,6 +89,7 @@ async def _stream(req, gens, prompts, n, names, rid, created, model) -> AsyncIte
         if req.echo and not echoed[k]:
             prefix, echoed[k] = prompts[k // n], True
         n_in[k] = piece.num_input_tokens or n_in[k]
+        n_cached[k] = piece.num_cached_tokens or n_cached[k]
         n_out[k] += piece.num_output_tokens
         offsets[k] += len(prefix)
         out = []
@@ -100,7 +102,9 @@ async def _stream(req, gens, prompts, n, names, rid, created, model) -> AsyncIte
         if not include_usage:
             return None
         prompt_tokens = sum(n_in[p * n] for p in range(len(prompts)))
+        cached = sum(n_cached[p * n] for p in range(len(prompts)))
         return sse({"id": rid, "object": "text_completion", "created": created, "model": model,
-                    "system_fingerprint": None, "choices": [], "usage": params.usage(prompt_tokens, sum(n_out))})
+                    "system_fingerprint": None, "choices": [],
+                    "usage": params.usage(prompt_tokens, sum(n_out), cached_tokens=cached)})
 
     return relay(first, pieces, handle, names, usage)

@@ -166,11 +166,14 @@ def check_model(served: list[str], name: str) -> str:
     return name
 
 
-def usage(prompt_tokens: int, completion_tokens: int, reasoning_tokens: int | None = None) -> dict:
-    """OpenAI usage; reasoning_tokens (those inside the thinking span, of completion_tokens) adds
-    completion_tokens_details when the output was split (None: not reported)."""
+def usage(prompt_tokens: int, completion_tokens: int, reasoning_tokens: int | None = None,
+          cached_tokens: int = 0) -> dict:
+    """OpenAI usage; prompt_tokens_details.cached_tokens: the prompt tokens llm found in its prefix
+    cache (OpenAI's and vLLM's field); reasoning_tokens (those inside the thinking span, of
+    completion_tokens) adds completion_tokens_details when the output was split (None: not reported)."""
     u = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-         "total_tokens": prompt_tokens + completion_tokens}
+         "total_tokens": prompt_tokens + completion_tokens,
+         "prompt_tokens_details": {"cached_tokens": cached_tokens}}
     if reasoning_tokens is not None:
         u["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
     return u

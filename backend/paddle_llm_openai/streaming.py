@@ -120,6 +120,7 @@ class Sequence:
     pieces: list[str] = field(default_factory=list)
     reasoning: str | None = None
     num_reasoning_tokens: int = 0
+    num_cached_tokens: int = 0
 
     def add(self, piece: Piece) -> None:
         self.pieces.append(piece.text)
@@ -127,6 +128,7 @@ class Sequence:
             self.reasoning = (self.reasoning or "") + piece.reasoning
             self.num_reasoning_tokens += piece.num_reasoning_tokens
         self.num_input_tokens = piece.num_input_tokens or self.num_input_tokens
+        self.num_cached_tokens = piece.num_cached_tokens or self.num_cached_tokens
         self.num_output_tokens += piece.num_output_tokens
         if piece.logprobs is not None:
             self.logprobs = (self.logprobs or []) + piece.logprobs

@@ -46,6 +46,7 @@ class Piece:
     logprobs: list[dict] | None
     reasoning: str | None = None
     num_reasoning_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens llm found in its prefix cache (every response carries it)
 
 
 def _tensor(name: str, value, dtype: str) -> grpcclient.InferInput:
@@ -96,6 +97,7 @@ class TritonLLM:
             _tensor("return_finish_reason", True, "BOOL"),
             _tensor("return_num_input_tokens", True, "BOOL"),
             _tensor("return_num_output_tokens", True, "BOOL"),
+            _tensor("return_num_cached_tokens", True, "BOOL"),
         ]
         if logprobs:
             inputs.append(_tensor("return_logprobs", True, "BOOL"))
@@ -147,7 +149,8 @@ def _piece(result) -> Piece:
         elif out.datatype == "UINT32":
             v[out.name] = _U32.unpack_from(b, 0)[0] if len(b) >= 4 else 0
     return _make(v.get("text_output"), v.get("finish_reason"), v.get("logprobs"), v.get("num_input_tokens"),
-                 v.get("num_output_tokens"), v.get("reasoning_output"), v.get("num_reasoning_tokens"))
+                 v.get("num_output_tokens"), v.get("reasoning_output"), v.get("num_reasoning_tokens"),
+                 v.get("num_cached_tokens"))
 
 
 def _piece_numpy(result) -> Piece:
@@ -156,16 +159,17 @@ def _piece_numpy(result) -> Piece:
         return None if a is None or a.size == 0 else a.reshape(-1)[0]
 
     return _make(first("text_output"), first("finish_reason"), first("logprobs"), first("num_input_tokens"),
-                 first("num_output_tokens"), first("reasoning_output"), first("num_reasoning_tokens"))
+                 first("num_output_tokens"), first("reasoning_output"), first("num_reasoning_tokens"),
+                 first("num_cached_tokens"))
 
 
 def _text(b) -> str | None:
     return b.decode("utf-8", "replace") if isinstance(b, bytes) else b
 
 
-def _make(text, reason, lp, n_in, n_out, reasoning=None, n_reasoning=None) -> Piece:
+def _make(text, reason, lp, n_in, n_out, reasoning=None, n_reasoning=None, n_cached=None) -> Piece:
     reason = reason.decode() if isinstance(reason, bytes) else reason
     return Piece(text=_text(text) or "", finish_reason=None if reason in (None, "None") else reason,
                  num_input_tokens=int(n_in or 0), num_output_tokens=int(n_out or 0),
                  logprobs=json.loads(lp) if lp is not None else None, reasoning=_text(reasoning),
-                 num_reasoning_tokens=int(n_reasoning or 0))
+                 num_reasoning_tokens=int(n_reasoning or 0), num_cached_tokens=int(n_cached or 0))

@@ -45,7 +45,9 @@ class ResponseOptions:
     return_reasoning: (an extension; the vLLM backend has no reasoning output) text_output carries
     the answer only, reasoning_output the thinking (the model's reasoning parser splits them; without
     one reasoning_output is "" and text_output the whole text), num_reasoning_tokens the sequence's
-    tokens inside its thinking span (of this response when streaming, of the answer otherwise)."""
+    tokens inside its thinking span (of this response when streaming, of the answer otherwise);
+    return_num_cached_tokens: (an extension) num_cached_tokens, the prompt tokens found in the prefix
+    cache when the request was first scheduled (OpenAI's usage.prompt_tokens_details.cached_tokens)."""
 
     stream: bool = False
     prompt_text: str | None = None
@@ -57,6 +59,7 @@ class ResponseOptions:
     skip_special_tokens: bool = True
     return_cumulative_logprob: bool = False
     return_reasoning: bool = False
+    return_num_cached_tokens: bool = False
 
     def response(self, flush: Flush, out: RequestOutput, decode_token: Callable[[int, bool], str]):
         """The pb_utils.InferenceResponse of one flush of text (delta_buffer.py) from output `out`;
@@ -79,6 +82,8 @@ class ResponseOptions:
             tensors.append(pb_utils.Tensor("finish_reason", np.array([reason.encode()], dtype=np.object_)))
         if self.return_num_input_tokens:
             tensors.append(pb_utils.Tensor("num_input_tokens", np.array([out.num_prompt_tokens], dtype=np.uint32)))
+        if self.return_num_cached_tokens:
+            tensors.append(pb_utils.Tensor("num_cached_tokens", np.array([out.num_cached_tokens], dtype=np.uint32)))
         if self.return_num_output_tokens:
             n = out.num_output_tokens if not self.stream else len(flush.ids)
             tensors.append(pb_utils.Tensor("num_output_tokens", np.array([n], dtype=np.uint32)))
@@ -154,7 +159,8 @@ class VllmRequest:
             return_num_output_tokens=bool(flag("return_num_output_tokens")),
             return_logprobs=want_lp, logprobs_null=want_lp and params.logprobs is None,
             skip_special_tokens=params.skip_special_tokens, return_cumulative_logprob=want_cum,
-            return_reasoning=bool(flag("return_reasoning")))
+            return_reasoning=bool(flag("return_reasoning")),
+            return_num_cached_tokens=bool(flag("return_num_cached_tokens")))
         return cls(prompt_ids, params, options, timeout_seconds(request))
 
     def submit(self, loop: EngineLoop, request_id: str, on_output: Callable[[RequestOutput], None]) -> None:

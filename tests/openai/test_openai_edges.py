@@ -105,3 +105,34 @@ def test_a_frontend_whose_triton_is_not_ready_refuses_cleanly(smollm2_dir, tmp_p
             assert "127.0.0.1" not in r.text and "StatusCode" not in r.text and str(grpc_port) not in r.text
     finally:
         fe.stop(10)
+
+
+def test_cached_tokens_count_the_prompt_blocks_found_in_the_prefix_cache(openai_server):
+    """usage.prompt_tokens_details.cached_tokens (OpenAI's and vLLM's field): 0 for a prompt the server
+    has not seen, then every full 64-token block of it but the one holding its last token (the engine
+    computes that token's logits): 64 * floor((prompt_tokens - 1) / 64), streamed and not, chat and
+    completions."""
+    import uuid
+
+    base = openai_server.base
+    tag = uuid.uuid4().hex
+    text = f"Session {tag}. " + " ".join(f"Fact {i}: the number {i} is {'even' if i % 2 == 0 else 'odd'}."
+                                           for i in range(40))
+    chat = {"model": "llm", "messages": [{"role": "user", "content": text}], "max_tokens": 2, "temperature": 0}
+    first = _post(base, "/v1/chat/completions", chat).json()["usage"]
+    assert first["prompt_tokens"] > 3 * 64 and first["prompt_tokens_details"] == {"cached_tokens": 0}, first
+    want = 64 * ((first["prompt_tokens"] - 1) // 64)
+    again = _post(base, "/v1/chat/completions", chat).json()["usage"]
+    assert again["prompt_tokens_details"]["cached_tokens"] == want, (again, want)
+    with requests.post(f"{base}/v1/chat/completions", json=dict(chat, stream=True,
+                                                              stream_options={"include_usage": True}),
+                       stream=True, timeout=120) as r:
+        events = [line for line in r.iter_lines() if line.startswith(b"data: {")]
+    import json
+
+    assert json.loads(events[-1][6:])["usage"]["prompt_tokens_details"]["cached_tokens"] == want
+    comp = {"model": "llm", "prompt": f"Other {tag} " + text, "max_tokens": 2, "temperature": 0}
+    c1 = _post(base, "/v1/completions", comp).json()["usage"]
+    c2 = _post(base, "/v1/completions", comp).json()["usage"]
+    assert c1["prompt_tokens_details"]["cached_tokens"] == 0
+    assert c2["prompt_tokens_details"]["cached_tokens"] == 64 * ((c2["prompt_tokens"] - 1) // 64)

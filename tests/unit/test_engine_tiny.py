@@ -32,7 +32,8 @@ def make_engine(model_dir: str, **kw) -> LLMEngine:
 def run(engine: LLMEngine, requests: dict[str, tuple[list[int], SamplingParams]], return_logits=False,
         max_steps: int = 10_000):
     """Submit all, step to completion. Returns {rid: dict(tokens, text, reason, logits, preemptions)}."""
-    res = {rid: {"tokens": [], "text": "", "reason": None, "logits": [], "preemptions": 0} for rid in requests}
+    res = {rid: {"tokens": [], "text": "", "reason": None, "logits": [], "preemptions": 0, "cached": 0}
+           for rid in requests}
     for rid, (ids, sp) in requests.items():
         engine.add_request(rid, ids, sp)
     for _ in range(max_steps):
@@ -43,6 +44,7 @@ def run(engine: LLMEngine, requests: dict[str, tuple[list[int], SamplingParams]]
             r["tokens"] += out.token_ids
             r["text"] += out.text
             r["preemptions"] = max(r["preemptions"], out.num_preemptions)
+            r["cached"] = out.num_cached_tokens
             if return_logits:
                 r["logits"].append(out.logits)
             if out.finished:

@@ -29,8 +29,10 @@ def test_shared_prefix_same_tokens_and_hits(engines):
     rest = run(cached, {k: v for k, v in reqs.items() if k != "r0"})
     for rid, r in rest.items():
         assert r["tokens"] == want[rid]["tokens"], rid
-    # each of the 3 later requests found the 3 shared full blocks
+    # each of the 3 later requests found the 3 shared full blocks, and says so (OpenAI's cached_tokens)
     assert bm.prefix_hit_tokens - h0 == 3 * 3 * BLOCK
+    assert first["r0"]["cached"] == 0 and [r["cached"] for r in rest.values()] == [3 * BLOCK] * 3
+    assert all(r["cached"] == 0 for r in run(cold, {"c": reqs["r1"]}).values())
     assert bm.prefix_query_tokens - q0 == sum(len(reqs[k][0]) for k in rest)
     assert cached.stats().prefix_cache_hit_ratio == pytest.approx(bm.prefix_hit_tokens / bm.prefix_query_tokens)
 
@@ -45,6 +47,7 @@ def test_identical_prompt_recomputes_last_token(engines):
     assert again == want
     # the 4th block holds the last prompt token, whose logits are needed: only 3 blocks reused
     assert cached.block_manager.prefix_hit_tokens - h0 == 3 * BLOCK
+    assert run(cached, {"a3": (p, greedy(2))})["a3"]["cached"] == 3 * BLOCK
 
 
 def test_concurrent_sharers_hold_refcounts():

@@ -170,7 +170,8 @@ UNSUPPORTED_VLLM_KEYS = {
 # llm's BOOL inputs, also read from request parameters when the tensor is absent (Triton's HTTP
 # generate endpoint already turns parameters with these names into the inputs)
 INPUT_FLAGS = ("stream", "exclude_input_in_output", "return_finish_reason", "return_cumulative_logprob",
-               "return_logprobs", "return_num_input_tokens", "return_num_output_tokens", "return_reasoning")
+               "return_logprobs", "return_num_input_tokens", "return_num_output_tokens", "return_reasoning",
+               "return_num_cached_tokens")
 # request parameters that are Triton's, not sampling parameters (also every "triton_" name)
 TRITON_PARAMETERS = frozenset({"priority", "timeout", "sequence_id", "sequence_start", "sequence_end",
                                "binary_data_output", "binary_data_size"})
