@@ -20,7 +20,7 @@ docs: setup
 	$(PYTHON_VENV) docs/gen_config_reference.py
 	NO_MKDOCS_2_WARNING=1 $(PYTHON_VENV) -m mkdocs build --strict --site-dir build/site
 
-# Soak and fault suite (tests/soak/run_soak.py): the README server under mixed traffic with faults on a
+# Soak and fault suite (tests/soak/run_soak.py): the server of `make serve` under mixed traffic with faults on a
 # schedule, for SOAK_MINUTES minutes of traffic; report in build/soak/ (report.json, soak.png).
 SOAK_MINUTES ?= 30
 soak: setup
