@@ -223,7 +223,7 @@ class EngineConfig:
     """Operator settings of one engine (one per Triton model instance).
 
     Each field is also a config.pbtxt parameter of the `llm` model with the same name and default
-    (paddle_llm_triton/config_params.py). This docstring is their documentation: the configuration
+    (the Triton adapter's config_params). This docstring is their documentation: the configuration
     reference (docs/reference/configuration.md) is generated from it, and a unit test fails when a
     field has no entry here. One entry per field, "name: text", continuation lines indented.
 
