@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 PYTHON_VENV := .venv/bin/python
 
-.PHONY: setup serve test soak reference
+.PHONY: setup serve test soak reference docs
 
 setup:
 	bash scripts/setup.sh
@@ -13,7 +13,14 @@ serve: setup
 test: setup
 	$(PYTHON_VENV) -m pytest -q --durations=20 tests
 
-# Soak and fault suite (tests/soak/run_soak.py): the README server under mixed traffic with faults on a
+# The documentation site (mkdocs.yml, docs/) into build/site; --strict: a broken link or anchor fails.
+# docs/reference/configuration.md is generated from the code first (docs/gen_config_reference.py).
+docs: setup
+	@$(PYTHON_VENV) -c 'import material' 2>/dev/null || { echo "docs: MkDocs Material needs Python >= 3.11.5 in .venv (pyproject markers)"; exit 1; }
+	$(PYTHON_VENV) docs/gen_config_reference.py
+	NO_MKDOCS_2_WARNING=1 $(PYTHON_VENV) -m mkdocs build --strict --site-dir build/site
+
+# Soak and fault suite (tests/soak/run_soak.py): the server of `make serve` under mixed traffic with faults on a
 # schedule, for SOAK_MINUTES minutes of traffic; report in build/soak/ (report.json, soak.png).
 SOAK_MINUTES ?= 30
 soak: setup

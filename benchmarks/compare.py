@@ -48,7 +48,7 @@ completion_tokens):
   the bytes from the safetensors headers (fp32; a tied embedding counts once as the lm head) or the
   Q8_0 GGUF's tensor data;
 - ratios: each of ours (offline, llm, ensemble) to each peer, and llm / ensemble to offline.
-Output: tables on stdout, <out-dir>/compare.md (Markdown for the README), compare.png (decode tok/s
+Output: tables on stdout, <out-dir>/compare.md (Markdown for docs/benchmarks/results.md), compare.png (decode tok/s
 against concurrency), compare.json (everything).
 
 Long contexts (--context-tokens N, issue 17): every prompt is a passage of about N tokens of log
@@ -755,7 +755,7 @@ def decode(results: dict, system: str, c: int):
 
 
 def build_report(summary: dict) -> tuple[str, str]:
-    """(plain-text tables for stdout, Markdown for the README)."""
+    """(plain-text tables for stdout, Markdown for docs/benchmarks/results.md)."""
     h, bw, res = summary["host"], summary["bandwidth"], summary["results"]
     conc = summary["concurrency"]
     lim = summary["limit_per_seq"]

@@ -58,14 +58,20 @@ def main(argv=None) -> int:
     env = os.environ
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  epilog="Arguments after -- go to tritonserver unchanged.")
-    ap.add_argument("--model-repo", default=env.get("MODEL_REPO", str(REPO_ROOT / "model_repository")))
-    ap.add_argument("--model-dir", default=env.get("MODEL_DIR", str(REPO_ROOT / "build" / "SmolLM2-135M-Instruct")))
-    ap.add_argument("--http-port", type=int, default=int(env.get("HTTP_PORT", 8000)))
-    ap.add_argument("--grpc-port", type=int, default=int(env.get("GRPC_PORT", 8001)))
-    ap.add_argument("--metrics-port", type=int, default=int(env.get("METRICS_PORT", 8002)))
-    ap.add_argument("--backend-dir", default=str(DEFAULT_BACKEND_DIR))
+    ap.add_argument("--model-repo", default=env.get("MODEL_REPO", str(REPO_ROOT / "model_repository")),
+                    help="the Triton model repository to serve")
+    ap.add_argument("--model-dir", default=env.get("MODEL_DIR", str(REPO_ROOT / "build" / "SmolLM2-135M-Instruct")),
+                    help="HF model folder; reaches the models as PADDLE_LLM_MODEL_DIR (used where config.pbtxt "
+                         "leaves model_dir empty)")
+    ap.add_argument("--http-port", type=int, default=int(env.get("HTTP_PORT", 8000)), help="Triton's HTTP port")
+    ap.add_argument("--grpc-port", type=int, default=int(env.get("GRPC_PORT", 8001)), help="Triton's gRPC port")
+    ap.add_argument("--metrics-port", type=int, default=int(env.get("METRICS_PORT", 8002)),
+                    help="Triton's metrics port (Prometheus text on /metrics)")
+    ap.add_argument("--backend-dir", default=str(DEFAULT_BACKEND_DIR),
+                    help="tritonserver's --backend-directory (the Python backend scripts/setup.sh assembles)")
     ap.add_argument("--log-file", default=None, help="server output to this file instead of stdout")
-    ap.add_argument("--exit-timeout-secs", type=int, default=5)
+    ap.add_argument("--exit-timeout-secs", type=int, default=5,
+                    help="tritonserver's --exit-timeout-secs: how long it waits for models to unload at exit")
     ap.add_argument("--kill-after", type=float, default=float(env.get("TRITON_KILL_AFTER", 15)),
                     help="seconds after SIGTERM before the watchdog SIGKILLs server and stubs")
     ap.add_argument("--no-supervise", action="store_true",

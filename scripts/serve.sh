@@ -4,8 +4,8 @@
 # Environment:
 #   MODEL_REPO    model repository (default model_repository)
 #   MODEL_DIR     model folder for the llm model (default build/SmolLM2-135M-Instruct)
-#   HTTP_PORT / GRPC_PORT / METRICS_PORT   (8000 / 8001 / 8002), all bound to 127.0.0.1
-#   OPENAI_PORT   the OpenAI API frontend beside tritonserver (default 9000; 0: none), 127.0.0.1 too
+#   HTTP_PORT / GRPC_PORT / METRICS_PORT   (8000 / 8001 / 8002), all bound to BIND_ADDRESS (127.0.0.1)
+#   OPENAI_PORT   the OpenAI API frontend beside tritonserver (default 9000; 0: none), on BIND_ADDRESS too
 #   SERVED_MODEL_NAME   names the OpenAI frontend serves, space-separated (default: the model folder's
 #                 name and llm)
 #   TRITON_KILL_AFTER   watchdog seconds after SIGTERM before a SIGKILL (default 15)
@@ -14,6 +14,17 @@
 #                 e.g. "quantization=wint8 speculative_method=ngram max_model_len=4096", and instances=N):
 #                 served from a copy of the repository under build/serve_repository/, the tracked
 #                 files untouched; an unknown key stops the start naming it
+#   DRAIN_ACCEPT_S      seconds a drain keeps serving new requests after readiness turned false, for
+#                 load balancers that learn of the drain from health checks (default 0: refuse at
+#                 once; docs/deployment/scale_out.md); a bad value fails the start
+#   BIND_ADDRESS  address of the Triton ports and the OpenAI frontend (default 127.0.0.1; the Docker
+#                 images and Kubernetes manifests set 0.0.0.0: read docs/security.md first)
+#   TRITON_RESTRICTED_APIS  Triton APIs that need the admin header (default
+#                 model-repository,shared-memory,trace,logging; none: every API open)
+#   TRITON_ADMIN_KEY    the admin header's secret (default: a new one per start, known only to the
+#                 launcher; 16+ characters of A-Za-z0-9._~-)
+#   VLLM_API_KEY  the key OpenAI clients must send as Authorization: Bearer (default: none needed)
+#   OPENAI_MAX_REQUEST_BODY_BYTES  largest OpenAI request body, 413 above it (default 8388608)
 #
 # Model folder: nothing in the repository is rendered. MODEL_DIR reaches the server as the env var
 # PADDLE_LLM_MODEL_DIR; the llm model's model.py uses its config.pbtxt parameter `model_dir` when that
@@ -24,7 +35,7 @@
 # bin first on PATH, so that the Python-backend stub finds the venv's site-packages; the base
 # interpreter's lib dir first on LD_LIBRARY_PATH; PADDLE_LLM_MODEL_DIR from --model-dir), the backend
 # directory build/triton_backends (made by scripts/setup.sh), start-up time until /v2/health/ready, and
-# supervision (a model whose stub dies or whose engine fails is reloaded; README "Reliability"), and
+# supervision (a model whose stub dies or whose engine fails is reloaded; docs/operations/reliability.md), and
 # on Ctrl-C / SIGTERM the drain, then SIGTERM to tritonserver (--exit-timeout-secs 5), then after TRITON_KILL_AFTER
 # seconds SIGKILL of the server and its stubs and removal of the shm regions it owned.
 set -euo pipefail

@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 
 # max_num_waiting 0 (the default) = this many times max_num_seqs (128 at the default 32): room for a
 # burst of four full batches, while a waiting request still waits at most about four request
-# lifetimes of the running batch before it runs (README "Engine settings").
+# lifetimes of the running batch before it runs (docs/operations/limits.md).
 WAITING_PER_SEQ_SLOT = 4
 # deprecated EngineConfig / config.pbtxt names -> the current field
 DEPRECATED_ALIASES = {"max_waiting_requests": "max_num_waiting"}
@@ -222,76 +222,117 @@ def _as_list(v) -> list[int]:
 class EngineConfig:
     """Operator settings of one engine (one per Triton model instance).
 
-    model_dir: HF folder (config.json, *.safetensors, tokenizer files).
-    device: "cpu" or "gcu:<id>" ("auto" picks gcu:<device_id> when the plug-in is present).
-    block_size: tokens per KV block.
+    Each field is also a config.pbtxt parameter of the `llm` model with the same name and default
+    (the Triton adapter's config_params). This docstring is their documentation: the configuration
+    reference (docs/reference/configuration.md) is generated from it, and a unit test fails when a
+    field has no entry here. One entry per field, "name: text", continuation lines indented.
+
+    model_dir: HF model folder (config.json, *.safetensors, tokenizer files). In config.pbtxt an empty
+        value means $PADDLE_LLM_MODEL_DIR, which `make serve` sets from MODEL_DIR; a non-empty value
+        there always wins.
+    device: "auto" (GCU when paddle-custom-gcu is installed or registered the `gcu` device type, else
+        CPU; an installed plug-in that did not load, or one of an unsupported version, refuses the
+        start with the versions found: it never falls back to the CPU), "cpu" or "gcu" ("gcu:<id>"
+        in the engine).
+    device_id: the device of the instance (with tensor_parallel_size N, its first device). In
+        config.pbtxt empty (the default) = the instance ordinal k times tensor_parallel_size; a value
+        pins every instance to that id; cannot be combined with gcu_device_ids (see Instances).
+    block_size: tokens per KV block (a power of two).
     num_kv_blocks: KV blocks; 0 means size from a memory budget. Wins over both budgets below.
     kv_cache_memory_fraction: 0 (off) or in (0, 1]: the KV budget is this fraction of the memory
-        available once the weights are loaded (CPU: the host's MemAvailable; GCU: device total
-        memory minus what Paddle's allocator holds). Wins over kv_cache_memory_bytes, which is the
-        fallback (with a warning) when the device does not report its memory.
+        available once the weights are loaded (CPU: the host's MemAvailable, capped by the headroom
+        under a cgroup memory limit; GCU: the TOPS runtime's free figure, topsMemGetInfo, where
+        $PADDLE_LLM_TOPSRT_LIBRARY names libtopsrt.so if the loader cannot find it, else the device
+        total minus what Paddle's allocator holds, as the plug-in reports it). Wins over
+        kv_cache_memory_bytes, which is the fallback (with a warning) when the device reports
+        neither; the KV log line says which. Each instance takes its share of what is free when it
+        starts.
     kv_cache_memory_bytes: budget for K+V of all layers when num_kv_blocks and
-        kv_cache_memory_fraction are 0.
+        kv_cache_memory_fraction are 0 (default 1 GiB).
     max_num_seqs: sequences in one step (decode batch limit).
-    max_num_batched_tokens: tokens in one step (prefill chunk budget).
+    max_num_batched_tokens: tokens in one step (prefill chunk budget): longer prompts are prefilled in
+        chunks.
     prefill_chunk_size: while sequences decode, at most this many prompt tokens join a step, so a
         wave of arriving prompts delays running streams by one chunk per step, not by the whole
-        wave; 0: no cap beyond max_num_batched_tokens.
+        wave's prefill; 0: no cap beyond max_num_batched_tokens.
     max_model_len: prompt + output limit per sequence; 0 means the model's max_position_embeddings.
-    num_threads: CPU threads for Paddle kernels; 0 means all cores.
+    num_threads: CPU threads for Paddle and the C++ kernels; 0 means the CPUs this process may use
+        (its affinity mask and cgroup CPU quota, rounded up; shared evenly by tensor-parallel ranks).
     adaptive_kernel_threads: 1 (the default): with 2 or more kernel threads, each decode-stack
         call of the C++ CPU kernels runs on 1 or num_threads threads, whichever its measured call
-        times favour per batch size (paddle_llm_ops/cpu_kernels/thread_tuner.py); 0: always
-        num_threads. Results are the same either way.
-    huge_pages: 1 (the default): on the CPU, the weights and the KV cache are put on 2 MiB
-        transparent huge pages where the host allows it (platforms/huge_pages.py; the start-up log
-        says what happened); 0: left on the allocator's pages. Results are the same either way.
+        times favour per batch size (paddle_llm_ops/cpu_kernels/thread_tuner.py,
+        docs/design/kernels.md); 0: always num_threads. Results are the same either way.
+    huge_pages: 1 (the default): on the CPU, the weights are put on 2 MiB transparent huge pages at
+        start (MADV_HUGEPAGE + MADV_COLLAPSE) and the KV cache is advised for khugepaged, where the
+        host allows it (platforms/huge_pages.py; the start-up log says what happened, "huge pages:
+        weights: ..."); 0: left on the allocator's pages. Results are the same either way.
     enable_prefix_caching: 1 reuses KV blocks of equal prompt prefixes across requests; 0 disables.
     max_num_waiting: admission limit: requests admitted and not finished that are not running
         (submitted and not yet applied by the engine thread, plus the scheduler's waiting and
         preempted sequences) less the running slots free (max_num_seqs less the running
         sequences), i.e. those that must wait for a slot; so at most max_num_seqs +
         max_num_waiting are in flight. At the limit a new request is refused at once
-        (EngineBusyError, Triton UNAVAILABLE). 0 (the default) = WAITING_PER_SEQ_SLOT x max_num_seqs (128 with the
-        default max_num_seqs 32); resolved by validate().
-    max_waiting_requests: deprecated alias of max_num_waiting (logs a warning); setting both is a
-        ValueError.
+        (EngineBusyError, Triton UNAVAILABLE "server busy: 128 requests waiting (max_num_waiting
+        128); retry later"; docs/operations/limits.md). 0 (the default) = WAITING_PER_SEQ_SLOT x
+        max_num_seqs (128 with the default max_num_seqs 32); resolved by validate().
+    max_waiting_requests: deprecated alias of max_num_waiting (accepted with a warning); setting both
+        is an error at load.
     max_request_seconds: server-side deadline of every request, in seconds from its arrival at the
         engine; 0 = none. A request's own timeout (EngineLoop.submit timeout_s) can only shorten it.
-        At the deadline the engine aborts the request and frees its KV blocks (LLMEngine.add_prepared).
+        At the deadline the engine aborts the request and frees its KV blocks (LLMEngine.add_prepared;
+        docs/operations/limits.md).
     dtype: weights and activations: "auto" (the fastest dtype the place has kernels for: float32
-        on CPU), "float32", "bfloat16", "float16"; a dtype the place lacks kernels for is refused.
-    kv_cache_dtype: "auto" (= dtype) or a dtype; narrower than dtype is storage only (half the memory
-        per block for bfloat16 / float16 under float32).
+        on CPU, bfloat16 on a GCU whose plug-in registers bf16 kernels for every op of the model;
+        docs/platforms/platform_layer.md), "float32", "bfloat16", "float16"; a dtype the place lacks
+        kernels for is refused at start (Paddle's CPU wheel has no bf16 / fp16 matmul).
+    kv_cache_dtype: "auto" (= dtype) or a dtype; narrower than dtype is storage only: values are cast
+        on write and read, a block takes half the memory for bfloat16 / float16 under float32 (CPU:
+        greedy tokens equal to an fp32 cache on the test prompts; logits within 0.06 (bf16) / 0.008
+        (fp16) of the logits' standard deviation, tests/unit/test_kv_cache_dtype.py).
     kernels: "auto" (each optional fused kernel where the platform layer finds the place can run
         it), "composed" (plain Paddle ops only), or a ';'-separated list of kernels to require
-        (e.g. "cpu_kernels;fused_rms_norm"; refused at start where the place cannot run one).
+        (cpu_kernels, fused_rms_norm, fused_moe, gcu_attention, gcu_rotary, gcu_rms_norm; e.g.
+        "cpu_kernels;fused_rms_norm"), refused at start with the reason where the place cannot run
+        one.
     quantization: "" (weights in dtype), "wint8" or "wint4": weight-only int8 / int4, symmetric,
-        quantized at load, for every linear and the LM head (CPU: the C++ int8 / int4 GEMV, fp32
-        scales; a GCU: paddle-custom-gcu's linear_quant_gcu, refused where it is not registered or
-        fails its check).
+        quantized at load from the checkpoint, for every linear and the LM head (the embedding keeps
+        its rows; activations stay in dtype). CPU: the C++ int8 / int4 GEMV, fp32 scales (needs
+        cpu_kernels, refused at start otherwise); a GCU: paddle-custom-gcu's linear_quant_gcu,
+        refused at start where it is not registered with the expected signature or fails its
+        check. SmolLM2: linear weights 0.25x (wint8) / 0.14x (wint4, groups of 64) the fp32 bytes;
+        accuracy and speed in docs/features/quantization.md.
     quantization_group_size: input channels per scale: 0 (the default: 64 for wint4 as FastDeploy,
         per output channel for wint8), -1 (one scale per output channel) or a positive multiple of
-        8 dividing every linear's input width (a GCU takes -1, 64, 128).
+        8 dividing every linear's input width (else refused at start naming the setting and the
+        width); a GCU takes -1, 64, 128.
     tensor_parallel_size: N > 1 shards the model over N worker processes, one per device
         (device_id .. device_id + N - 1; on CPU the ids only label the ranks); the engine, scheduler
-        and sampler stay in this process (paddle_llm_engine/tp). KV budgets are per rank.
+        and sampler stay in this process (paddle_llm_engine/tp; docs/features/tensor_parallel.md).
+        KV budgets are per rank. N must divide the attention heads, be a multiple or a divisor of
+        the KV heads and fit the devices (CPU: at most the CPUs this process may use, affinity and
+        cgroup quota; GCU: the devices device_id .. device_id + N - 1 must exist), else the start is
+        refused naming both numbers.
     tp_hosts: "" (the default: every rank on this host) or where the ranks run, comma-separated
         "address[:ranks]" entries in rank order ("10.0.0.1,10.0.0.2" or "hostA:2,hostB:2"; ranks
-        default 1, their sum must be tensor_parallel_size). The first entry is this host: the
-        executor starts its ranks and binds the step channel to that address; the ranks of the
-        other entries are started there by the operator (executor/tp_worker.py --connect) and
-        join over TCP, authenticated by the shared token PADDLE_LLM_TP_TOKEN (see executor/remote.py).
+        default 1, their sum must be tensor_parallel_size; an address may appear once; IPv4
+        addresses or host names, resolved at start). The first entry is this host: the executor
+        starts its ranks (0 .. k-1) and binds the step channel to that address (never 0.0.0.0); the ranks of the other entries are started there by the operator
+        (executor/tp_worker.py --connect) and join over TCP, authenticated by the shared token
+        PADDLE_LLM_TP_TOKEN (see executor/remote.py, docs/deployment/multi_host_tp.md).
     tp_port: the TCP port of the step channel on the first tp_hosts address (used only with
-        remote ranks; 0 is refused then).
+        remote ranks; 0 is refused then). Instance k of a model listens on tp_port + k.
     tp_join_timeout_s: how long the start waits for the remote ranks to join (> 0 s); the start
-        then fails naming the ranks that did not.
+        then fails naming the ranks that did not and the command that starts them, e.g.
+        "tensor-parallel worker rank 1 on 10.0.0.2 did not join within 300 s (tp_join_timeout_s);
+        start each there with: ... --connect 10.0.0.1:29650 --rank <r>".
     speculative_method: "none" (the default) or "ngram": n-gram (prompt-lookup) speculative
-        decoding, vLLM's names (spec_decode/): a decoding sequence proposes up to
-        num_speculative_tokens draft tokens by matching its last prompt_lookup_max ..
-        prompt_lookup_min tokens against its earlier tokens, and one step verifies them all;
-        greedy output is unchanged, sampled output keeps its distribution.
-    num_speculative_tokens: k, draft tokens proposed per sequence and step (>= 1).
+        decoding, vLLM's names (spec_decode/, docs/features/speculative_decoding.md): a decoding
+        sequence proposes up to num_speculative_tokens draft tokens by matching its last
+        prompt_lookup_max .. prompt_lookup_min tokens against its earlier tokens, and one step
+        verifies them all; greedy output is unchanged, sampled output keeps its distribution. Off by
+        default until measured on a quiet host.
+    num_speculative_tokens: k, draft tokens proposed per sequence and step (>= 1; k + 1 <=
+        max_num_batched_tokens).
     prompt_lookup_min / prompt_lookup_max: the n-gram lengths tried, longest first
         (1 <= min <= max).
     reasoning_parser: "auto" (the default: the thinking family of the model's type when its chat

@@ -6,7 +6,7 @@ Statuses: 400 invalid_request_error (a bad parameter, named in `param`), 404 mod
 `llm`), 500 internal_error (anything else).
 
 Why messages: on Triton 2.51 a gRPC stream (the only call a decoupled model takes) carries an error
-as its message only, with no code (README "Limits and deadlines"). `llm` writes every INVALID_ARG as
+as its message only, with no code (docs/operations/limits.md). `llm` writes every INVALID_ARG as
 "<field>: <reason>" with field one of its inputs (`sampling_parameters.<key>`, `text_input`, ...) and
 every UNAVAILABLE with a fixed prefix or phrase (server busy, deadline exceeded, shutting down), so
 classify() reads them back; `to_openai_param` renames the field into the request's own words.

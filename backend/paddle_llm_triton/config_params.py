@@ -7,34 +7,8 @@ value always wins. Unknown parameter names are an error naming them. Deprecated 
 (config.DEPRECATED_ALIASES: max_waiting_requests for max_num_waiting) are still accepted with a
 warning; a config that sets both names is an error.
 
-Serving-only parameters (not engine settings):
-- gcu_device_ids: "0;1;2;3" maps instance ordinal k (instances.py: "llm_0_1" -> 1) to
-  device id ids[k % len(ids)].
-- default_max_tokens: max_tokens of a request that sends none (both models); 0 / empty (the
-  default) = max_model_len - prompt tokens. Capped at what fits (max_model_len - prompt tokens), so
-  a default never makes a request fail. 16 is vLLM's SamplingParams default (strict compatibility).
-- max_step_seconds: an engine step, or one response send to Triton, that has not returned after this
-  many seconds marks the instance failed (health.py); 0 turns the watchdog off. Default 120: far
-  above any step of a healthy engine (a whole 2048-token prefill of SmolLM2 takes ~1 s on 2 CPU
-  cores), low enough that a stuck instance is replaced within minutes.
-- metrics_names: which metric name sets the instance exposes on :8002, "llm,vllm" (the default:
-  both), "llm" (the llm_* families) or "vllm" (vLLM's vllm:* names); anything else is an error
-  (metrics.py parse_name_sets).
-- coalesce_stream_responses: "true" (the default) lets a streamed `llm` response that fell behind
-  carry the tokens of several engine steps (responder.py); "false" sends one response per engine
-  output always.
-- stream_interval: tokens per streamed response after a sequence's first (vLLM's and SGLang's
-  `stream_interval`), for direct `llm` streams and the ensemble's alike; 1 (the default) streams
-  every token; N > 1 sends one response per N tokens (the first token and the last response are
-  never held), dividing the per-response cost of Triton, gRPC/SSE and the client by N (README
-  "Streaming under load"). Must be an integer >= 1.
-- cancellation_check_period_ms: how often `llm`'s response thread asks Triton whether each direct
-  request in flight was cancelled (the TensorRT-LLM backend's parameter of that name; default 100).
-  Each ask is an IPC round trip per request, so at 8-32 streams the sweep's wake-ups of
-  tritonserver cost several percent of the step time; a longer period trades that for a later
-  abort (KV blocks freed up to one period after the client left). Must be an integer >= 1.
-- fault_inject_after_steps: TESTS ONLY. N > 0 makes the engine step raise once N steps have run
-  (fault_injection.py); 0 (the default) is off and nothing is installed.
+Serving-only parameters (not engine settings): ServingOptions; its docstring documents each (the
+configuration reference, docs/reference/configuration.md, is generated from it and EngineConfig's).
 
 Device id of an instance: gcu_device_ids when set; else the `device_id` parameter when set (all
 instances on that id); else the instance ordinal (instance k on device k; on CPU the id is unused).
@@ -62,7 +36,45 @@ MODEL_DIR_ENV = "PADDLE_LLM_MODEL_DIR"
 
 @dataclass
 class ServingOptions:
-    """config.pbtxt parameters of the `llm` model that are not EngineConfig fields."""
+    """config.pbtxt parameters of the `llm` model that are not EngineConfig fields.
+
+    This docstring is their documentation (docs/gen_config_reference.py renders it; a unit test
+    fails when a field has no entry). One entry per field, "name: text", continuation lines indented.
+
+    gcu_device_ids: device ids for the instances, e.g. "0;1;2;3": instance k (its position in
+        instance_group, llm_0_k; instances.py) uses id k modulo the list length. "" (the default):
+        device_id decides. Cannot be combined with device_id.
+    default_max_tokens: max_tokens of a request that sends none (both models); 0 / empty (the
+        default) = max_model_len - prompt tokens. Capped at what fits (max_model_len - prompt
+        tokens), so a default never makes a request fail. 16 is vLLM's SamplingParams default
+        (strict vLLM-backend compatibility: its CI expects "length" after 16 tokens).
+    max_step_seconds: an engine step, or one response send to Triton, that has not returned after
+        this many seconds marks the instance failed (health.py) and the supervisor replaces it
+        (docs/operations/reliability.md); 0 turns the watchdog off. Default 120: far above any step
+        of a healthy engine (a whole 2048-token prefill of SmolLM2 takes ~1 s on 2 CPU cores), low
+        enough that a stuck instance is replaced within minutes.
+    fault_inject_after_steps: TESTS ONLY. N > 0 makes every engine step after the N-th raise
+        (fault_injection.py; docs/operations/engine_failure.md); 0 (the default) is off and nothing
+        is installed. Never set it in production.
+    metrics_names: which metric name sets the instance exposes on :8002, "llm,vllm" (the default:
+        both), "llm" (the llm_* families) or "vllm" (vLLM's vllm:* names); anything else is an error
+        at load (metrics.py parse_name_sets; docs/operations/metrics.md).
+    coalesce_stream_responses: "true" (the default) lets a streamed response that fell behind carry
+        the tokens of several engine steps in one response (responder.py); "false" sends one
+        response per engine output always. The ensemble model has the same parameter
+        (docs/contracts/llm.md, "Streaming under load").
+    stream_interval: tokens per streamed response after a sequence's first (vLLM's and SGLang's
+        `stream_interval`), for direct `llm` streams and the ensemble's alike; 1 (the default)
+        streams every token; N > 1 sends one response per N tokens (the first token and the last
+        response are never held), dividing the per-response cost of Triton, gRPC/SSE and the client
+        by N (docs/contracts/llm.md, "Streaming under load"). Must be an integer >= 1, else the load
+        fails naming it.
+    cancellation_check_period_ms: how often `llm`'s response thread asks Triton whether each direct
+        request in flight was cancelled (the TensorRT-LLM backend's parameter of that name; default
+        100). Each ask is an IPC round trip per request, so at 8-32 streams the sweep's wake-ups of
+        tritonserver cost several percent of the step time; a longer period trades that for a later
+        abort (KV blocks freed up to one period after the client left). Must be an integer >= 1.
+    """
 
     gcu_device_ids: list[int] = dataclasses.field(default_factory=list)
     default_max_tokens: int = 0

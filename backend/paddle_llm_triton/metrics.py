@@ -1,5 +1,5 @@
 """LLM metrics on Triton's metrics endpoint (pb_utils.MetricFamily), with the names and labels that
-README "Metrics" documents.
+docs/operations/metrics.md documents.
 
 Every MetricFamily call happens on one thread ("llm-metrics"), fed by a queue: tritonserver 2.51
 crashed when metrics were updated from several threads at once, and the engine thread must not

@@ -19,8 +19,7 @@ the TensorRT-LLM backend's cancellation thread does every cancellation_check_per
 one is aborted in the engine (its KV blocks are freed before the next step) and gets an empty final
 response. The sweep runs on its own clock, not per output: is_cancelled() is an IPC round trip to
 the server, never made per token. What the sweep can see is what Triton reports: 2.51's HTTP
-endpoints report a dropped connection only once a response of the request has been written (README
-"Cancellation").
+endpoints report a dropped connection only once a response of the request has been written (docs/operations/cancellation.md).
 What a response holds is the request kind's (vllm_request.ResponseOptions.response): this thread
 only decides when to send, sends, and watches for cancellation.
 """

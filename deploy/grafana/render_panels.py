@@ -4,10 +4,10 @@
 The input is what tests/e2e/test_e2e_dashboard.py stores after it checked every query of the dashboard
 against a real Prometheus scraping a real server under load: build/dashboard/query_results.json (each
 panel's queries, with the template variables substituted, and their /api/v1/query_range results).
-To regenerate the README's picture:
+To regenerate the picture of docs/operations/dashboard.md:
 
     .venv/bin/python -m pytest -q tests/e2e/test_e2e_dashboard.py
-    .venv/bin/python deploy/grafana/render_panels.py            # -> deploy/grafana/dashboard.png
+    .venv/bin/python deploy/grafana/render_panels.py            # -> docs/images/dashboard.png
 
 Grafana is not needed: matplotlib draws the same series with the panels' titles, units and legends.
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_IN = REPO / "build" / "dashboard" / "query_results.json"
-DEFAULT_OUT = REPO / "deploy" / "grafana" / "dashboard.png"
+DEFAULT_OUT = REPO / "docs" / "images" / "dashboard.png"
 # panels drawn, in order; a tuple shares one plot
 MAIN = ["Token throughput", "Finished requests", "Requests running / waiting",
         "Time to first token", "Inter-token latency", "End-to-end request latency",

@@ -1,4 +1,4 @@
-"""The LLM metric families README "Metrics" documents, and polling helpers over the metrics endpoint."""
+"""The LLM metric families docs/operations/metrics.md documents, and polling helpers over the metrics endpoint."""
 
 from __future__ import annotations
 

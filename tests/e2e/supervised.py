@@ -1,4 +1,4 @@
-"""The README's server (`make serve` = scripts/launch_triton.py, supervised) as a subprocess of a test:
+"""The server of `make serve` (scripts/launch_triton.py, supervised) as a subprocess of a test:
 started on a repository copy and free loopback ports, its output in a log file, stopped by signal.
 Also: the stub processes of the running tritonserver by model / instance, and bounded waits."""
 

@@ -6,7 +6,7 @@
 - `ensemble` (a BLS model that sees its own cancellation and stops its llm request, since Triton 2.51
   does not pass cancellation into the steps of a Triton ensemble): the same three, plus a gRPC client
   process killed mid-stream.
-Each test prints the time from the cancel to the blocks being free (README "Cancellation")."""
+Each test prints the time from the cancel to the blocks being free (docs/operations/cancellation.md)."""
 
 from __future__ import annotations
 

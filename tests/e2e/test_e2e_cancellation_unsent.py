@@ -4,12 +4,12 @@ second of the client leaving (the responder's and the ensemble's sweeps poll eve
 every 0.1 s, whatever it has sent).
 
 What Triton 2.51 reports decides what can work (measured with a probe model that only polls
-is_cancelled(), README "Cancellation"): gRPC reports a cancelled or dropped stream whether or not a
+is_cancelled(), docs/operations/cancellation.md): gRPC reports a cancelled or dropped stream whether or not a
 response was sent, so those tests must pass. Its HTTP endpoints report a closed connection only once
 a response of the request has been written (the request is paused, nothing reads the socket:
 triton-inference-server/server issue #7077, fix proposed in PR #8982), so a non-streamed HTTP
 request whose client leaves runs to its end; those tests are strict xfails that turn into failures
-(update the README) on a Triton that reports it."""
+(update docs/operations/cancellation.md) on a Triton that reports it."""
 
 from __future__ import annotations
 

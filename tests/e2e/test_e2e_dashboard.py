@@ -12,7 +12,7 @@ variable of the dashboard is resolved through Prometheus's API (label_values(...
 and every panel query, with the variables substituted (the server variable once as "All" and once as
 the one server), must return through /api/v1/query_range at least one series with a finite value in
 the load window: a panel that would be empty fails. The results go to
-build/dashboard/query_results.json, which deploy/grafana/render_panels.py draws as the README's PNG.
+build/dashboard/query_results.json, which deploy/grafana/render_panels.py draws as docs/images/dashboard.png.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A failing engine step (test-only fault injection: config.pbtxt parameter fault_inject_after_steps on
 a copy of the repository) fails the streams in flight with a clear error instead of hanging them, and
-afterwards behaves as README "Engine failure" documents: every new request fails at once with an
+afterwards behaves as docs/operations/engine_failure.md documents: every new request fails at once with an
 INTERNAL error naming the original failure, llm_engine_healthy is 0, the log says why, and Triton
 2.51 keeps reporting the model ready (a Python model cannot change its readiness)."""
 

@@ -1,4 +1,4 @@
-"""Limits and deadlines against the real tritonserver (README "Limits and deadlines"):
+"""Limits and deadlines against the real tritonserver (docs/operations/limits.md):
 - a request's timeout (tritonclient gRPC `timeout=`, HTTP generate `"parameters": {"timeout": N}`,
   microseconds) ends the request with "deadline exceeded: ..." on both models, its KV blocks freed
   and the request counted in llm_requests_timed_out_total;

@@ -1,4 +1,4 @@
-"""The LLM metrics README "Metrics" documents, on Triton's metrics endpoint, with model / version
+"""The LLM metrics docs/operations/metrics.md documents, on Triton's metrics endpoint, with model / version
 labels and values consistent with the requests sent."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The README's server stays up by itself (README "Reliability"): scripts/launch_triton.py (what
+"""The server of `make serve` stays up by itself (docs/operations/reliability.md): scripts/launch_triton.py (what
 `make serve` runs: supervised tritonserver) on a repository copy, driven by tritonclient.
 
 - SIGKILL of the llm stub with streams in flight on both models: readiness turns false at once, the

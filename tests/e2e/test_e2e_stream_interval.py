@@ -1,5 +1,5 @@
-"""stream_interval and cancellation_check_period_ms through the real tritonserver (README "Streaming
-under load"), on a copy of the repository with stream_interval 4 and cancellation_check_period_ms 300:
+"""stream_interval and cancellation_check_period_ms through the real tritonserver
+(docs/contracts/llm.md, "Streaming under load"), on a copy of the repository with stream_interval 4 and cancellation_check_period_ms 300:
 - a greedy `llm` gRPC stream of 10 tokens arrives as 1 + 4 + 4 + 1 tokens (num_output_tokens per
   response; fewer responses when the stream fell behind) and its text equals the shipped server's per-token stream of the same request;
 - an `ensemble` stream (the engine channel's frames) has the same text as the shipped server's in

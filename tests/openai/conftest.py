@@ -1,7 +1,7 @@
 """Fixtures of the OpenAI API tests (shared by test_openai_sdk.py, test_tools.py, test_disconnect.py,
 test_third_party_clients.py).
 
-`openai_server` (session scope): the README server (the session `triton_server` of tests/conftest.py:
+`openai_server` (session scope): the server of `make serve` (the session `triton_server` of tests/conftest.py:
 model_repository/ and the default model, on free loopback ports) plus the OpenAI frontend started
 beside it the way `make serve` starts it (paddle_llm_triton.launcher.frontend.start_frontend: the
 same command line), on another free port; waits until its /health/ready is 200 (at most 60 s after

@@ -1,11 +1,11 @@
-"""A client that goes away from the OpenAI endpoint gets its request cancelled (issue 18, README "OpenAI
-API"): the frontend cancels the gRPC stream to `llm`, the engine aborts the request, and
+"""A client that goes away from the OpenAI endpoint gets its request cancelled (issue 18,
+docs/openai/index.md): the frontend cancels the gRPC stream to `llm`, the engine aborts the request, and
 `llm_kv_cache_used_blocks` on Triton's metrics endpoint is back at its idle value within FREE_WITHIN_S
 (1 s) of the socket closing; then the server keeps serving.
 
 Cases: /v1/chat/completions and /v1/completions, streamed (the client read two SSE events, then
 closed) and not streamed (nothing sent back yet: the frontend sees the close through uvicorn's
-`http.disconnect`, which Triton 2.51's own HTTP endpoint never reports; README "Cancellation").
+`http.disconnect`, which Triton 2.51's own HTTP endpoint never reports; docs/operations/cancellation.md).
 Each request asks for LONG_TOKENS tokens with EOS ignored, which takes many seconds here, so a
 request that was not cancelled cannot be done within the bound; the test also checks that it was
 counted as aborted (`llm_requests_total{finish_reason="abort"}`) and generated far fewer tokens.

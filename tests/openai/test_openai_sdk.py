@@ -1,8 +1,8 @@
-"""The OpenAI API frontend through the official `openai` SDK (README "OpenAI API"): chat and completions,
+"""The OpenAI API frontend through the official `openai` SDK (docs/openai/index.md): chat and completions,
 streamed and not, n = 2, stop, seed reproducibility, logprobs, response_format, usage in streams,
 errors as the SDK's exception classes with their status, health, readiness and metrics.
 
-Against the session's README server + frontend (conftest `openai_server`); every request is small
+Against the session's server + frontend (conftest `openai_server`); every request is small
 (at most 48 tokens, greedy unless a seed is under test), so the module takes about a minute on a
 shared 2-core CPU, most of it the server start shared with the other e2e modules.
 """

@@ -1,4 +1,4 @@
-"""Benchmark clients nobody here wrote, against the real server (README "Third-party clients").
+"""Benchmark clients nobody here wrote, against the real server (docs/openai/clients.md).
 
 aiperf (PyPI `aiperf`, NVIDIA's load generator that follows genai-perf) runs a short bounded profile,
 32 requests at concurrency 4, each asking for exactly OUT_TOKENS tokens (EOS ignored), and must end
@@ -13,7 +13,7 @@ with 32 completed requests, 0 errors and exactly 32 x OUT_TOKENS tokens counted 
 genai-perf and perf_analyzer (Triton's gRPC service kind, `--backend vllm` / `tensorrtllm`) do not
 run on this machine: every perf-analyzer wheel past the 0.1.0 placeholder is manylinux_2_38 and its
 binary needs GLIBC_2.38 and GLIBCXX_3.4.32 (Debian 12 has 2.36); genai-perf only drives that binary.
-The README says so with the error text.
+docs/openai/clients.md says so with the error text.
 
 aiperf lives in its own venv, build/perf-venv (pinned AIPERF_PIN; about 1.2 GB, 1-2 minutes of pip
 on first use, then a stamp makes it instant), made by the `aiperf` fixture: it pulls transformers,

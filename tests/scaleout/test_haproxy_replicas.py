@@ -1,4 +1,4 @@
-"""Two replicas of the README server behind a real HAProxy (deploy/haproxy/haproxy.cfg), on loopback.
+"""Two replicas of the server of `make serve` behind a real HAProxy (deploy/haproxy/haproxy.cfg), on loopback.
 
 Each replica is scripts/launch_triton.py (what `make serve` runs: supervised tritonserver) on a copy of
 the repository with the default model, started through tests/e2e/supervised.py with the recipe's accept

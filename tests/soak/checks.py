@@ -20,8 +20,8 @@ UNREACHABLE = re.compile(r"Connection refused|failed to connect|RemoteDisconnect
                          r"Connection reset|Socket closed|GOAWAY|Connection aborted|connection closed by the server", re.I)
 ENGINE_REPORTED = re.compile(r"^engine failure:|WorkerFailure|engine step failed", re.I)
 LIMIT_WORDS = ("max_num_waiting", "max_waiting_requests")
-# Triton 2.51's generate endpoints answer every error of a decoupled model with 400 (README "Limits and
-# deadlines"): an UNAVAILABLE refusal is 400 there with the refusal's own message, 503 on a Triton
+# Triton 2.51's generate endpoints answer every error of a decoupled model with 400
+# (docs/operations/limits.md): an UNAVAILABLE refusal is 400 there with the refusal's own message, 503 on a Triton
 # whose endpoints pass the code on
 HTTP_UNAVAILABLE = (400, 503)
 DRAIN_WORDS = re.compile(r"shutting down and takes no new requests", re.I)

@@ -28,7 +28,7 @@ import numpy as np
 # 6 clients of the full mix: launcher, preprocessing, postprocessing ~0; tritonserver 0.15-0.21;
 # ensemble stub 0.13-0.58 (allocator steps); llm stub 0.01-0.27 MB/min since every numpy -> tensor
 # conversion stopped leaking (0.53-1.38 before). The bound flags the ~1.8 MB/min the issue saw and
-# anything near it; see README "Soak".
+# anything near it; see docs/testing/soak.md.
 DEFAULT_BOUND_MB_PER_MIN = 1.0
 # Upward level shifts across fault windows, summed per process lifetime. Measured: one 6.3 MB step
 # of the llm stub after the first flood of a 2-hour run (flat before and after), the ensemble stub's

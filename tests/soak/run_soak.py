@@ -1,4 +1,4 @@
-"""Soak and fault suite: the README server under mixed traffic for a bounded time, with faults
+"""Soak and fault suite: the server of `make serve` under mixed traffic for a bounded time, with faults
 injected on a schedule; writes report.json and soak.png and exits non-zero when a pass criterion
 fails (the reasons are listed at the end).
 

@@ -1,4 +1,4 @@
-"""The README server as the soak runs it: `scripts/launch_triton.py` as a subprocess (the command
+"""The server of `make serve` as the soak runs it: `scripts/launch_triton.py` as a subprocess (the command
 `make serve` execs), on the soak's repository copy, free loopback ports and a log file. Processes
 are found from the launcher's pid down (proctree.py); only those are ever signalled. The OpenAI
 frontend runs beside it, as `make serve` starts it, with VLLM_API_KEY set (openai_requests.API_KEY)."""

@@ -8,7 +8,7 @@ thread holds that mutex and waits for one iterator's own mutex; the thread consu
 holds the iterator's mutex and waits for the GIL (ResponseIterator::Next re-takes the GIL with its
 mutex held). Every decoupled BLS stream of the ensemble stub then stops, tritonserver's threads that
 deliver `llm` responses into it block, and `llm`'s response thread blocks behind them: one wedged
-caller stops every client of the model (README "Reliability" has the stacks).
+caller stops every client of the model (docs/operations/reliability.md has the stacks).
 
 So each `llm` instance listens on a Unix stream socket in the abstract namespace (address.py), and
 the ensemble opens one connection per engine request: a `generate` frame in, output frames back,
