@@ -155,6 +155,8 @@ class EnsemblePipeline:
         pb = _pb()
         tensors = {t.name(): t.as_numpy() for t in request.inputs()}
         self._reject_unsupported(tensors)
+        if "text_input" not in tensors:  # optional in config.pbtxt only so that `stop` may come without it
+            raise InvalidRequestError("text_input", "required: the prompt (a `stop` request alone may omit it)")
         batch = tensors["text_input"].shape[0] if tensors["text_input"].ndim >= 2 else 1
         rows = [self._preprocess(b, {k: batch_row(v, b, batch) for k, v in tensors.items()}) for b in range(batch)]
         client = ClientRequest(request.request_id(), sender, remaining=sum(r.n for r in rows),

@@ -136,3 +136,25 @@ def test_cached_tokens_count_the_prompt_blocks_found_in_the_prefix_cache(openai_
     c2 = _post(base, "/v1/completions", comp).json()["usage"]
     assert c1["prompt_tokens_details"]["cached_tokens"] == 0
     assert c2["prompt_tokens_details"]["cached_tokens"] == 64 * ((c2["prompt_tokens"] - 1) // 64)
+
+
+def test_json_nested_thousands_deep_is_a_400_naming_the_field(openai_server):
+    """A body nested 20,000 arrays deep: 400, not a 500 RecursionError; a logit_bias or stop nested
+    deeper than llm takes is refused naming the parameter; the server keeps serving."""
+    base = openai_server.base
+    deep = "[" * 20000 + "]" * 20000
+    r = requests.post(f"{base}/v1/chat/completions", data=f'{{"model": "llm", "messages": {deep}}}',
+                      headers={"Content-Type": "application/json"}, timeout=30)
+    assert r.status_code == 400 and "nested too deeply" in r.json()["error"]["message"], r.text
+    r = requests.post(f"{base}/v1/chat/completions", timeout=30, json={
+        "model": "llm", "messages": CHAT, "max_tokens": 2, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "deep", "schema": _deep_schema(200)}}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text
+    assert _post(base, "/v1/chat/completions", {"model": "llm", "messages": CHAT, "max_tokens": 2}).status_code == 200
+
+
+def _deep_schema(levels: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema

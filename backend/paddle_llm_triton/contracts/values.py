@@ -3,7 +3,53 @@ guided.py)."""
 
 from __future__ import annotations
 
+import json
+
 from paddle_llm_engine.errors import InvalidRequestError
+
+# deepest nesting of arrays / objects a client's JSON may have (sampling_parameters, guides, schemas):
+# far beyond any real schema, far below what recursive code (the parser, schema rewriting,
+# llguidance's conversion) can take
+MAX_JSON_DEPTH = 64
+
+
+def parse_json(field: str, text: str | bytes):
+    """A client's JSON text -> the value. Raises InvalidRequestError naming `field` for text that is
+    not JSON, or that nests arrays / objects deeper than MAX_JSON_DEPTH (json.loads itself raises
+    RecursionError near the interpreter's recursion limit)."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InvalidRequestError(field, f"not UTF-8: {e}") from None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InvalidRequestError(field, f"not valid JSON: {e}") from None
+    except RecursionError:
+        value = None
+        depth = MAX_JSON_DEPTH + 1
+    else:
+        depth = json_depth(value)
+    if depth > MAX_JSON_DEPTH:
+        raise InvalidRequestError(field, f"nested more than {MAX_JSON_DEPTH} levels deep")
+    return value
+
+
+def json_depth(value) -> int:
+    """Nesting depth of arrays / objects in a parsed JSON value (a scalar: 0), without recursion."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        v, d = todo.pop()
+        if isinstance(v, dict):
+            items = v.values()
+        elif isinstance(v, list):
+            items = v
+        else:
+            continue
+        deepest = max(deepest, d)
+        todo.extend((x, d + 1) for x in items)
+    return deepest
 
 
 def to_bool(field: str, v) -> bool:

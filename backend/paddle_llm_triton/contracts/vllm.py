@@ -28,7 +28,7 @@ import math
 from paddle_llm_engine.errors import InvalidRequestError
 from paddle_llm_engine.sampling_params import SamplingParams, check_lengths
 from paddle_llm_triton.contracts import guided
-from paddle_llm_triton.contracts.values import to_bool
+from paddle_llm_triton.contracts.values import parse_json, to_bool
 
 
 def _to_int(field: str, v) -> int:
@@ -80,10 +80,7 @@ def _to_str(field: str, v) -> str:
 def _json_string(field: str, v, kind: type):
     """A request parameter can only be a scalar: a list or object arrives as a JSON string."""
     if isinstance(v, str) and v.strip()[:1] in ("[", "{"):
-        try:
-            v = json.loads(v)
-        except json.JSONDecodeError as e:
-            raise InvalidRequestError(field, f"not valid JSON: {e}") from None
+        v = parse_json(field, v)
         if not isinstance(v, kind):
             raise InvalidRequestError(field, f"expected a JSON {'list' if kind is list else 'object'}")
     return v
@@ -187,10 +184,7 @@ def from_vllm_json(text: str | bytes | None, vocab_size: int | None = None) -> S
         text = text.decode("utf-8")
     if not text.strip():
         return p
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise InvalidRequestError("sampling_parameters", f"not valid JSON: {e}") from None
+    obj = parse_json("sampling_parameters", text)
     if not isinstance(obj, dict):
         raise InvalidRequestError("sampling_parameters", "must be a JSON object")
     return _from_dict(obj, vocab_size)
@@ -203,7 +197,7 @@ def from_request_parameters(raw: str | dict | None, vocab_size: int | None = Non
     Sampling keys as in `sampling_parameters` (same conversions, same errors); a `sampling_parameters`
     parameter holding the JSON is used as that input would be; names in INPUT_FLAGS come back as
     flags {name: bool}; Triton's own parameters are skipped."""
-    obj = json.loads(raw) if isinstance(raw, (str, bytes)) and raw.strip() else (raw or {})
+    obj = parse_json("parameters", raw) if isinstance(raw, (str, bytes)) and raw.strip() else (raw or {})
     flags: dict[str, bool] = {}
     keys: dict = {}
     for key, value in obj.items():
