@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from paddle_llm_engine.errors import InvalidRequestError
+from paddle_llm_structured.any_json import any_json_schema
 from paddle_llm_structured.closed_schema import close_schema
 from paddle_llm_structured.json_layout import json_options
 
@@ -44,7 +45,8 @@ GUIDE_KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
 class GuideSpec:
     """One request's constraint.
 
-    kind: "json_schema" (value: the schema as JSON text), "json_object" (any JSON object; value
+    kind: "json_schema" (value: the schema as JSON text), "json_object" (any JSON object whose
+        objects and arrays have at most paddle_llm_structured.any_json.MAX_ENTRIES entries; value
         unused), "regex" (value: the pattern; the whole output must match it), "choice" (value: a
         JSON list of strings; the output is exactly one of them), "grammar" (value: a GBNF / EBNF
         grammar as llama.cpp and xgrammar write them, `root ::= ...`, or a Lark grammar).
@@ -73,7 +75,7 @@ class GuideSpec:
 
         try:
             if self.kind in ("json_schema", "json_object"):
-                schema = json.loads(self.value) if self.kind == "json_schema" else {"type": "object"}
+                schema = json.loads(self.value) if self.kind == "json_schema" else any_json_schema()
                 if not isinstance(schema, (dict, bool)):
                     raise ValueError("a JSON schema must be a JSON object")
                 if not self.additional_properties:

@@ -15,6 +15,7 @@ import pytest
 
 from paddle_llm_engine import InvalidRequestError
 from paddle_llm_engine.guided import GuideSpec
+from paddle_llm_structured.any_json import MAX_ENTRIES, any_json_schema
 from paddle_llm_structured.closed_schema import close_schema
 from paddle_llm_structured.json_layout import DEFAULT_WHITESPACE_PATTERN, json_options
 from paddle_llm_triton.contracts import guided as G
@@ -173,8 +174,28 @@ def test_guide_defaults_close_and_bound(ll_tokenizer):
     opened = GuideSpec("json_schema", json.dumps(CITY), additional_properties=True)
     assert accepts(ll_tokenizer, opened, '{"city": "Paris", "population": 1, "density": 1}')
     any_obj = GuideSpec("json_object")
-    assert accepts(ll_tokenizer, any_obj, '{"anything": [1, {"b": null}]}')
+    assert accepts(ll_tokenizer, any_obj, '{"anything": [1, {"b": null}], "more": "x", "n": -1.5e3, "t": true}')
     assert not accepts(ll_tokenizer, any_obj, '{"a":  1}')
+    assert not accepts(ll_tokenizer, any_obj, "[1]")
+
+
+def test_json_object_entries_are_bounded(ll_tokenizer):
+    """Any object, but each object / array holds at most MAX_ENTRIES entries (a greedy model invents
+    keys forever otherwise)."""
+    def obj(n):
+        return "{" + ", ".join(f'"k{i}": {i}' for i in range(n)) + "}"
+
+    def arr(n):
+        return '{"a": [' + ", ".join(str(i) for i in range(n)) + "]}"
+
+    spec = GuideSpec("json_object")
+    assert accepts(ll_tokenizer, spec, obj(MAX_ENTRIES)) and not accepts(ll_tokenizer, spec, obj(MAX_ENTRIES + 1))
+    assert accepts(ll_tokenizer, spec, arr(MAX_ENTRIES)) and not accepts(ll_tokenizer, spec, arr(MAX_ENTRIES + 1))
+    nested = '{"o": ' + obj(MAX_ENTRIES + 1) + "}"
+    assert not accepts(ll_tokenizer, spec, nested)
+    schema = any_json_schema(("object", "array"))
+    assert jsonschema.Draft202012Validator(schema).is_valid(json.loads(arr(3))["a"])
+    assert not jsonschema.Draft202012Validator(schema).is_valid(json.loads(obj(MAX_ENTRIES + 1)))
 
 
 def test_request_whitespace_wins(ll_tokenizer):

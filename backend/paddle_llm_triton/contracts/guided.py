@@ -20,7 +20,8 @@ a schema, since vLLM clients send false by default), and JSON whitespace is one 
 with indentation unless the request sets disable_any_whitespace or whitespace_pattern.
 
 TensorRT-LLM (`ensemble` tensors): guided_decoding_guide_type "json" (any JSON object or array,
-as TensorRT-LLM's built-in JSON grammar; the guide is not used), "json_schema", "regex",
+as TensorRT-LLM's built-in JSON grammar, with at most any_json.MAX_ENTRIES entries per object /
+array; the guide is not used), "json_schema", "regex",
 "ebnf_grammar" (the guide holds the schema / pattern / grammar), with guided_decoding_guide.
 
 Every guide is compiled here (without a tokenizer, a few milliseconds), so a malformed schema,
@@ -33,6 +34,7 @@ import json
 
 from paddle_llm_engine.errors import InvalidRequestError
 from paddle_llm_engine.guided import GuideSpec
+from paddle_llm_structured.any_json import any_json_schema
 from paddle_llm_triton.contracts.values import to_bool
 
 VLLM_GUIDE_KEYS = ("guided_decoding", "structured_outputs")
@@ -44,7 +46,7 @@ _VLLM_UNSUPPORTED = ("structural_tag",)
 
 TRTLLM_GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar")
 _TRTLLM_KINDS = {"json_schema": "json_schema", "regex": "regex", "ebnf_grammar": "grammar"}
-TRTLLM_ANY_JSON = '{"type": ["object", "array"]}'
+TRTLLM_ANY_JSON = json.dumps(any_json_schema(("object", "array")))  # bounded: see any_json
 
 
 def from_vllm(field: str, value) -> GuideSpec | None:
