@@ -10,10 +10,9 @@ tool-call parser, and build the guided-decoding grammar that keeps every call va
 - `guide_for(tools, tool_choice, parser, parallel_tool_calls=None, text_schema=None) -> dict | None`:
   the `sampling_parameters` entries of model `llm` (`{"structured_outputs": {"grammar": <Lark>}}`,
   see paddle_llm_triton/contracts/guided.py; grammars in tool_grammar.py): "required" / a named
-  tool: only calls (named: exactly one; "required": one to tool_grammar.MAX_PARALLEL_CALLS, one
-  when parallel_tool_calls is false); "auto": free text (or, with text_schema, the response_format's
-  JSON) until the format's call tag, then calls bound to their tools' schemas (as many as
-  "required" may make); None for "none". Arguments are closed schemas with bounded whitespace. Validates first.
+  tool: exactly one call (of that tool / of any tool); "auto": free text (or, with text_schema, the
+  response_format's JSON) until the format's call tag, then calls bound to their tools' schemas
+  (at most tool_grammar.MAX_PARALLEL_CALLS, one when parallel_tool_calls is false); None for "none". Arguments are closed schemas with bounded whitespace. Validates first.
 - `parse_tool_calls(tool_choice)`: whether the output is parsed for calls (not with "none").
 - `finish_reason(choice, called, reason)`: "tool_calls" only when the model chose to call ("auto")
   and the answer ended normally; a forced call ends with "stop", as OpenAI and vLLM answer.
@@ -148,7 +147,9 @@ def guide_for(tools, tool_choice, parser: ToolParser, parallel_tool_calls: bool 
         if text_schema is not None:
             _check_grammar("response_format", grammar)
     else:
-        grammar = tool_grammar.forced_grammar(functions, parser, many if choice == "required" else 1)
+        # one forced call: after a call it did not choose, a small model repeats it (SmolLM2 under
+        # "required" with room for more: the same call again until max_tokens 80 cut it)
+        grammar = tool_grammar.forced_grammar(functions, parser, 1)
     return {GUIDE_KEY: {"grammar": grammar}}
 
 
