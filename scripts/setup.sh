@@ -89,7 +89,7 @@ done
 import_check() {
   (cd / && "$VPY" -c '
 import importlib.util, sys
-for name in ("paddle_llm_engine", "paddle_llm_ops", "paddle_llm_triton", "paddle_llm_openai"):
+for name in ("paddle_llm_engine", "paddle_llm_ops", "paddle_llm_triton", "paddle_llm_openai", "paddle_llm_structured"):
     spec = importlib.util.find_spec(name)
     if spec is None or not str(spec.origin or "").startswith(sys.argv[1] + "/"):
         sys.exit(f"setup: {name} resolves to {spec and spec.origin}")

@@ -32,6 +32,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from paddle_llm_engine.errors import InvalidRequestError
+from paddle_llm_structured.any_json import any_json_schema
+from paddle_llm_structured.closed_schema import close_schema
+from paddle_llm_structured.json_layout import json_options
 
 log = logging.getLogger(__name__)
 
@@ -42,16 +45,20 @@ GUIDE_KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
 class GuideSpec:
     """One request's constraint.
 
-    kind: "json_schema" (value: the schema as JSON text), "json_object" (any JSON object; value
+    kind: "json_schema" (value: the schema as JSON text), "json_object" (any JSON object whose
+        objects and arrays have at most paddle_llm_structured.any_json.MAX_ENTRIES entries; value
         unused), "regex" (value: the pattern; the whole output must match it), "choice" (value: a
         JSON list of strings; the output is exactly one of them), "grammar" (value: a GBNF / EBNF
         grammar as llama.cpp and xgrammar write them, `root ::= ...`, or a Lark grammar).
     field: the request field the guide came from (e.g. "guided_decoding_guide" or
         "sampling_parameters.structured_outputs.json"); errors name it.
-    whitespace_flexible: JSON kinds: any JSON whitespace between tokens (vLLM's default; False is
-        vLLM's disable_any_whitespace); whitespace_pattern: JSON kinds: a regex for that whitespace.
-    additional_properties: JSON kinds: False makes every object of the schema that does not say
-        otherwise closed (vLLM's disable_additional_properties).
+    whitespace_flexible: JSON kinds: True (default) allows the bounded whitespace of
+        paddle_llm_structured.json_layout between tokens; False is compact JSON (vLLM's
+        disable_any_whitespace); whitespace_pattern: JSON kinds: a regex for each whitespace run
+        (wins over both). A schema's own top-level `x-guidance` keys win over these.
+    additional_properties: JSON kinds: False (default) closes every object of the schema that does
+        not say otherwise (paddle_llm_structured.closed_schema: only the keys the schema names);
+        True keeps the schema as written (JSON Schema's open objects).
     """
 
     kind: str
@@ -59,7 +66,7 @@ class GuideSpec:
     field: str = "guide"
     whitespace_flexible: bool = True
     whitespace_pattern: str | None = None
-    additional_properties: bool = True
+    additional_properties: bool = False
 
     def grammar(self) -> str:
         """The llguidance grammar of this guide. Raises InvalidRequestError (naming `field`) when the
@@ -68,14 +75,12 @@ class GuideSpec:
 
         try:
             if self.kind in ("json_schema", "json_object"):
-                schema = json.loads(self.value) if self.kind == "json_schema" else {"type": "object"}
+                schema = json.loads(self.value) if self.kind == "json_schema" else any_json_schema()
                 if not isinstance(schema, (dict, bool)):
                     raise ValueError("a JSON schema must be a JSON object")
-                if not self.additional_properties and isinstance(schema, dict):
-                    schema = _close_objects(schema)
-                opts = {"whitespace_flexible": self.whitespace_flexible}
-                if self.whitespace_pattern is not None:
-                    opts["whitespace_pattern"] = self.whitespace_pattern
+                if not self.additional_properties:
+                    schema = close_schema(schema)
+                opts = json_options(self.whitespace_flexible, self.whitespace_pattern, schema)
                 return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=opts)
             if self.kind == "regex":
                 return llguidance.grammar_from("regex", self.value)
@@ -97,18 +102,6 @@ class GuideSpec:
         err = llguidance.LLMatcher.validate_grammar(self.grammar())
         if err:
             raise InvalidRequestError(self.field, f"invalid {self.kind.replace('_', ' ')}: {_first_lines(err)}")
-
-
-def _close_objects(schema):
-    """Copy of a JSON schema in which every object schema without `additionalProperties` gets false."""
-    if isinstance(schema, list):
-        return [_close_objects(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: _close_objects(v) for k, v in schema.items()}
-    if (out.get("type") == "object" or "properties" in out) and "additionalProperties" not in out:
-        out["additionalProperties"] = False
-    return out
 
 
 def _first_lines(text: str, n: int = 6) -> str:

@@ -25,12 +25,14 @@ from paddle_llm_openai import reasoning as reasoning_mod
 from paddle_llm_openai.errors import bad_param, classify
 from paddle_llm_openai.protocol import ChatCompletionRequest
 from paddle_llm_openai.streaming import collect, open_stream, relay, sse
+from paddle_llm_openai.tools import finish_reason as tools_finish
 from paddle_llm_openai.triton_client import TritonError
 
 
 def _render(fe, req: ChatCompletionRequest, template_kwargs: dict | None):
-    """(prompt, tool parser or None, guided-decoding entries forcing a call or None). 400s name the
-    parameter (tools.ToolsError, chat_template.ChatTemplateError)."""
+    """(prompt, tool parser or None, guided-decoding entries for the tools or None, tool choice).
+    template_kwargs: chat_template_kwargs after the reasoning settings. 400s name the parameter
+    (tools.ToolsError, chat_template.ChatTemplateError)."""
     from paddle_llm_openai import tools as tools_mod
     from paddle_llm_openai.chat_template import ChatTemplateError
 
@@ -42,7 +44,8 @@ def _render(fe, req: ChatCompletionRequest, template_kwargs: dict | None):
         tools, choice = tools_mod.check_tools(req.tools, req.tool_choice)
         if tools and choice != "none":
             parser = renderer.tool_parser
-            guide = tools_mod.guide_for(tools, req.tool_choice, parser)
+            guide = tools_mod.guide_for(tools, req.tool_choice, parser, req.parallel_tool_calls,
+                                        params.response_format_schema(req.response_format) if choice == "auto" else None)
     except tools_mod.ToolsError as e:
         raise bad_param(e.param, e.message) from None
     try:
@@ -50,7 +53,7 @@ def _render(fe, req: ChatCompletionRequest, template_kwargs: dict | None):
                                  bool(req.add_generation_prompt), template_kwargs)
     except ChatTemplateError as e:
         raise bad_param(e.param, e.message) from None
-    return prompt, parser, guide
+    return prompt, parser, guide, choice
 
 
 async def create(fe, req: ChatCompletionRequest):
@@ -63,8 +66,8 @@ async def create(fe, req: ChatCompletionRequest):
     sp, names = params.sampling(req, chat=True, guide=rf_guide)
     kwargs, split = reasoning_mod.apply(req, sp, names, req.chat_template_kwargs,
                                         fe.renderer.template_has_thinking_switch, fe.reasoning_parser)
-    prompt, parser, tool_guide = _render(fe, req, kwargs)
-    if tool_guide and rf_guide:
+    prompt, parser, tool_guide, choice = _render(fe, req, kwargs)
+    if tool_guide and rf_guide and choice != "auto":  # "auto": the tools' grammar holds the format
         raise bad_param("response_format", "cannot be combined with a forced tool call (tool_choice)")
     if tool_guide:
         sp.update(tool_guide)
@@ -79,7 +82,7 @@ async def create(fe, req: ChatCompletionRequest):
             for i in range(n)]
     k = req.top_logprobs or 0
     if req.stream:
-        return await _stream(req, gens, parser, names, rid, created, model, k, split)
+        return await _stream(req, gens, parser, names, rid, created, model, k, split, choice)
     try:
         seqs = await collect(gens)
     except TritonError as e:
@@ -95,7 +98,7 @@ async def create(fe, req: ChatCompletionRequest):
             msg["content"] = content
             if calls:
                 msg["tool_calls"] = calls
-                finish = "tool_calls"
+            finish = tools_finish(choice, bool(calls), finish)
         choices.append({"index": i, "message": msg, "finish_reason": finish,
                         "logprobs": {"content": lp.chat_content(s.logprobs or [], k), "refusal": None}
                         if req.logprobs else None})
@@ -111,8 +114,9 @@ class _ChatPieces:
     through the tool parser's stream state), logprobs, and the finish chunk ("tool_calls" when the
     sequence made a call). chunk(i, delta, finish=None, entries=None) -> bytes frames one event."""
 
-    def __init__(self, n: int, parser, chunk):
+    def __init__(self, n: int, parser, chunk, choice: str = "auto"):
         self.chunk = chunk
+        self.choice = choice
         self.n_in, self.n_out, self.n_reasoning, self.n_cached = [0] * n, [0] * n, [0] * n, [0] * n
         self.states = [parser.stream() if parser is not None else None for _ in range(n)]
         self.called = [False] * n
@@ -142,11 +146,11 @@ class _ChatPieces:
             if not deltas and piece.logprobs:
                 out.append(self.chunk(i, {}, entries=piece.logprobs))
         if piece.finish_reason is not None:
-            out.append(self.chunk(i, {}, "tool_calls" if self.called[i] else piece.finish_reason))
+            out.append(self.chunk(i, {}, tools_finish(self.choice, self.called[i], piece.finish_reason)))
         return out
 
 
-async def _stream(req, gens, parser, names, rid, created, model, k, split) -> AsyncIterator[bytes]:
+async def _stream(req, gens, parser, names, rid, created, model, k, split, choice="none") -> AsyncIterator[bytes]:
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     pieces, first = await open_stream(gens, names)
     n = len(gens)
@@ -161,7 +165,7 @@ async def _stream(req, gens, parser, names, rid, created, model, k, split) -> As
             c["usage"] = None
         return sse(c)
 
-    handle = _ChatPieces(n, parser, chunk)
+    handle = _ChatPieces(n, parser, chunk, choice)
 
     def usage():
         if not include_usage:

@@ -39,8 +39,8 @@ REFUSED = {
     "best_of": "only 1 (or equal to n: every sequence is returned) is supported",
 }
 _NOOP = {"modalities": (["text"],)}
-# accepted and ignored (no effect here)
-IGNORED = ("user", "metadata", "store", "service_tier", "parallel_tool_calls", "prompt_cache_key",
+# accepted and ignored (no effect here; `strict`: schemas are always closed, strict or not)
+IGNORED = ("user", "metadata", "store", "service_tier", "prompt_cache_key",
            "safety_identifier", "stream_options.include_obfuscation", "stream_options.continuous_usage_stats",
            "response_format.json_schema.strict")
 
@@ -105,6 +105,18 @@ def response_format_guide(rf: dict | None) -> dict | None:
             raise bad_param("response_format.json_schema.schema", "expected a JSON schema object")
         return {"json": schema}
     raise bad_param("response_format.type", f"expected text, json_object or json_schema, got {kind!r}")
+
+
+def response_format_schema(rf: dict | None) -> dict | None:
+    """The JSON schema an answer must follow under response_format (json_object: any object, bounded
+    as `llm` bounds it, paddle_llm_structured.any_json), or None (text / absent). For the tools'
+    "auto" grammar (tools.guide_for); 400s as response_format_guide."""
+    from paddle_llm_structured.any_json import any_json_schema
+
+    guide = response_format_guide(rf)
+    if guide is None:
+        return None
+    return guide["json"] if "json" in guide else any_json_schema()
 
 
 def sampling(req, chat: bool, guide: dict | None = None, guide_param: str = "response_format"

@@ -1,5 +1,5 @@
 """Tool calling for /v1/chat/completions: check `tools` / `tool_choice`, pick the model family's
-tool-call parser, and build the guided-decoding grammar that forces a valid call.
+tool-call parser, and build the guided-decoding grammar that keeps every call valid.
 
 - `check_tools(tools, tool_choice) -> (tools, choice)`: the request's tools (OpenAI `{"type":
   "function", "function": {"name", "description"?, "parameters"?, "strict"?}}`) and its choice, one
@@ -7,26 +7,29 @@ tool-call parser, and build the guided-decoding grammar that forces a valid call
   default "auto" with tools, "none" without. Raises ToolsError(param, message) -> HTTP 400 naming
   the parameter (`tools[1].function.name`, `tool_choice`, ...).
 - `tool_parser_for(model_type, chat_template=None) -> ToolParser` (config.json's model_type).
-- `guide_for(tools, tool_choice, parser) -> dict | None`: for "required" / a named tool, the
-  `sampling_parameters` entries of model `llm` (`{"structured_outputs": {"grammar": <Lark>}}`, see
-  paddle_llm_triton/contracts/guided.py) whose grammar is exactly one call in the parser's format, the
-  arguments constrained by llguidance's `%json{...}` to the tool's `parameters` schema (compact JSON,
-  no free whitespace, so a small model cannot wander); None for "auto" / "none". Validates first.
+- `guide_for(tools, tool_choice, parser, parallel_tool_calls=None, text_schema=None) -> dict | None`:
+  the `sampling_parameters` entries of model `llm` (`{"structured_outputs": {"grammar": <Lark>}}`,
+  see paddle_llm_triton/contracts/guided.py; grammars in tool_grammar.py): "required" / a named
+  tool: exactly one call (of that tool / of any tool); "auto": free text (or, with text_schema, the
+  response_format's JSON) until the format's call tag, then calls bound to their tools' schemas
+  (at most tool_grammar.MAX_PARALLEL_CALLS, one when parallel_tool_calls is false); None for "none". Arguments are closed schemas with bounded whitespace. Validates first.
 - `parse_tool_calls(tool_choice)`: whether the output is parsed for calls (not with "none").
+- `finish_reason(choice, called, reason)`: "tool_calls" only when the model chose to call ("auto")
+  and the answer ended normally; a forced call ends with "stop", as OpenAI and vLLM answer.
 """
 
 from __future__ import annotations
 
-import json
 import re
 
+from paddle_llm_openai import tool_grammar
 from paddle_llm_openai.tool_parsers import (ErnieToolParser, HermesToolParser, Llama3JsonToolParser,
                                             QwenToolParser, ToolParser)
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
 CHOICES = ("none", "auto", "required")
 GUIDE_KEY = "structured_outputs"
-NO_ARGS_SCHEMA = {"type": "object", "properties": {}, "additionalProperties": False}
+NO_ARGS_SCHEMA = tool_grammar.NO_ARGS_SCHEMA
 
 PARSERS: dict[str, type[ToolParser]] = {
     "qwen2": QwenToolParser, "qwen2_moe": QwenToolParser, "qwen3": QwenToolParser,
@@ -116,38 +119,38 @@ def parse_tool_calls(tool_choice) -> bool:
     return tool_choice != "none"
 
 
-def guide_for(tools, tool_choice, parser: ToolParser) -> dict | None:
-    """`sampling_parameters` entries forcing one valid call ("required": any of the tools; a name:
-    that tool), or None ("auto" / "none"). Validates tools / tool_choice (ToolsError); a parameters
-    schema llguidance cannot compile is a ToolsError naming `tools[k].function.parameters`."""
+def finish_reason(choice: str, called: bool, reason: str | None) -> str | None:
+    """The answer's finish_reason: "tool_calls" when the model chose to call (choice "auto") and
+    stopped by itself; otherwise the engine's reason ("stop" for a forced call, as OpenAI / vLLM)."""
+    return "tool_calls" if called and choice == "auto" and reason == "stop" else reason
+
+
+def guide_for(tools, tool_choice, parser: ToolParser, parallel_tool_calls: bool | None = None,
+              text_schema: dict | None = None) -> dict | None:
+    """`sampling_parameters` entries guiding the answer (see the module docstring), or None ("none").
+    text_schema: "auto" only: a JSON schema the non-call answer must follow (response_format).
+    Validates tools / tool_choice (ToolsError); a parameters schema llguidance cannot compile is a
+    ToolsError naming `tools[k].function.parameters`."""
     tools, choice = check_tools(tools, tool_choice)
-    if choice in ("none", "auto"):
+    if choice == "none":
         return None
+    if parallel_tool_calls is not None and not isinstance(parallel_tool_calls, bool):
+        raise ToolsError("parallel_tool_calls", f"expected a boolean, got {parallel_tool_calls!r}")
     chosen = [(k, t["function"]) for k, t in enumerate(tools)
-              if choice == "required" or t["function"]["name"] == choice]
-    rules = []
-    for n, (k, f) in enumerate(chosen):
-        rule = _lark_rules(n, f, parser)
-        _check_grammar(f"tools[{k}].function.parameters", "\n".join([f"start: c{n}"] + rule))
-        rules.append(rule)
-    lines = ["start: " + " | ".join(f"c{n}" for n in range(len(rules)))]
-    for r in rules:
-        lines += r
-    return {GUIDE_KEY: {"grammar": "\n".join(lines) + "\n"}}
-
-
-def _lark_rules(n: int, f: dict, parser: ToolParser) -> list[str]:
-    """Lark rules c<n> (the whole call) and a<n> (its arguments) for function f."""
-    schema = f.get("parameters")
-    schema = dict(schema) if schema else dict(NO_ARGS_SCHEMA)
-    schema["x-guidance"] = {**schema.get("x-guidance", {}), "whitespace_flexible": False}
-    pre, post = parser.grammar_prefix(f["name"]), parser.grammar_suffix()
-    return [f"c{n}: {_lit(pre)} a{n} {_lit(post)}", f"a{n}: %json{json.dumps(schema)}"]
-
-
-def _lit(s: str) -> str:
-    """A Lark string literal of s (JSON escapes; names and tags are ASCII)."""
-    return json.dumps(s)
+              if choice in ("required", "auto") or t["function"]["name"] == choice]
+    for k, f in chosen:  # each tool alone first, so that an error names its parameters
+        _check_grammar(f"tools[{k}].function.parameters", tool_grammar.forced_grammar([f], parser))
+    functions = [f for _, f in chosen]
+    many = tool_grammar.MAX_PARALLEL_CALLS if parallel_tool_calls is not False else 1
+    if choice == "auto":
+        grammar = tool_grammar.auto_grammar(functions, parser, many, text_schema)
+        if text_schema is not None:
+            _check_grammar("response_format", grammar)
+    else:
+        # one forced call: after a call it did not choose, a small model repeats it (SmolLM2 under
+        # "required" with room for more: the same call again until max_tokens 80 cut it)
+        grammar = tool_grammar.forced_grammar(functions, parser, 1)
+    return {GUIDE_KEY: {"grammar": grammar}}
 
 
 def _check_grammar(param: str, grammar: str) -> None:

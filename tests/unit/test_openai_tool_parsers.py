@@ -213,7 +213,7 @@ def test_check_tools_defaults():
     assert check_tools([WEATHER], None) == ([WEATHER], "auto")
     assert check_tools([], "auto") == (None, "auto")
     assert check_tools([WEATHER, NOW], {"type": "function", "function": {"name": "now"}})[1] == "now"
-    assert guide_for([WEATHER], "auto", QwenToolParser()) is None
+    assert "grammar" in guide_for([WEATHER], "auto", QwenToolParser())["structured_outputs"]  # lazy: see below
     assert guide_for([WEATHER], "none", QwenToolParser()) is None
     assert not parse_tool_calls("none") and parse_tool_calls("auto") and parse_tool_calls("get_weather")
 
@@ -248,7 +248,71 @@ def test_guide_forces_a_valid_call(parser, ll_tokenizer):
     assert not accepts(ll_tokenizer, named, parser.call_text("now", "{}"))
     assert not accepts(ll_tokenizer, named, parser.call_text("get_weather", '{"city":"Rome","days":7}'))
     assert not accepts(ll_tokenizer, named, parser.call_text("get_weather", '{"city":"Tokyo","days":8}'))
-    assert not accepts(ll_tokenizer, named, parser.call_text("get_weather", '{"city": "Tokyo", "days": 7}'))
+    assert accepts(ll_tokenizer, named, parser.call_text("get_weather", '{"city": "Tokyo", "days": 7}'))
+    assert not accepts(ll_tokenizer, named, parser.call_text("get_weather", '{"city":  "Tokyo", "days": 7}'))
+    assert not accepts(ll_tokenizer, named, parser.call_text("get_weather", '{\n\n"city": "Tokyo", "days": 7}'))
+    two = parser.call_text("now", "{}") + ("; " if parser.name == "llama3_json" else "\n") + good
+    assert not accepts(ll_tokenizer, required, two) and not accepts(ll_tokenizer, named, two)  # one forced call
+
+
+OPEN = {"type": "function", "function": {"name": "find", "parameters": {  # says nothing of other keys
+    "type": "object", "properties": {"q": {"type": "string"}, "opts": {"type": "object", "properties": {
+        "n": {"type": "integer"}}}}, "required": ["q"]}}}
+
+
+@pytest.mark.parametrize("parser", [QwenToolParser(), Llama3JsonToolParser()], ids=lambda p: p.name)
+def test_tool_arguments_are_closed(parser, ll_tokenizer):
+    """A tool's parameters allow no key they do not name, nested objects too, in every choice mode."""
+    for choice in ("required", {"type": "function", "function": {"name": "find"}}, "auto"):
+        g = guide_for([OPEN], choice, parser)
+        assert accepts(ll_tokenizer, g, parser.call_text("find", '{"q": "x", "opts": {"n": 1}}'))
+        assert not accepts(ll_tokenizer, g, parser.call_text("find", '{"q": "x", "extra": 1}'))
+        assert not accepts(ll_tokenizer, g, parser.call_text("find", '{"q": "x", "opts": {"n": 1, "m": 2}}'))
+
+
+def test_auto_grammar_is_text_or_valid_calls(ll_tokenizer):
+    """"auto": any text without the call tag; once the tag is written the call is bound to its tool's
+    schema; calls come after the text, at most MAX_PARALLEL_CALLS (one without parallel calls)."""
+    from paddle_llm_openai.tool_grammar import MAX_PARALLEL_CALLS
+
+    p = HermesToolParser()
+    g = guide_for([WEATHER, NOW], "auto", p)
+    call = p.call_text("get_weather", '{"city": "Paris", "days": 2}')
+    for text in ("", "Paris is sunny <b>today</b> {\"json\": 1}", call, "Let me check. " + call,
+                 "Sure:\n" + call + "\n" + p.call_text("now", "{}")):
+        assert accepts(ll_tokenizer, g, text), text
+    for text in ("I use <tool_call> in prose", "x " + p.call_text("get_weather", '{"city": "Rome", "days": 2}'),
+                 p.call_text("get_weather", '{"city": "Paris", "days": 2, "hour": 3}'), call + " and more text",
+                 "\n".join([call] * (MAX_PARALLEL_CALLS + 1))):
+        assert not accepts(ll_tokenizer, g, text), text
+    assert accepts(ll_tokenizer, g, "\n".join([call] * MAX_PARALLEL_CALLS))
+    one = guide_for([WEATHER, NOW], "auto", p, parallel_tool_calls=False)
+    assert accepts(ll_tokenizer, one, "ok " + call) and not accepts(ll_tokenizer, one, call + "\n" + call)
+    fmt = guide_for([WEATHER], "auto", p, text_schema={"type": "object", "properties": {"a": {"type": "integer"}}})
+    assert accepts(ll_tokenizer, fmt, '{"a": 1}') and accepts(ll_tokenizer, fmt, call)
+    assert not accepts(ll_tokenizer, fmt, "text") and not accepts(ll_tokenizer, fmt, '{"a": 1, "b": 2}')
+    llama = Llama3JsonToolParser()
+    g = guide_for([WEATHER], "auto", llama)
+    assert accepts(ll_tokenizer, g, "It is sunny.") and accepts(ll_tokenizer, g, llama.call_text("get_weather",
+                                                                                               '{"city": "Paris", "days": 1}'))
+    assert not accepts(ll_tokenizer, g, ' {"city": "Paris"}')  # an answer opening with `{` is a call
+
+
+def test_finish_reason_tool_calls_only_when_the_model_chose():
+    from paddle_llm_openai.tools import finish_reason
+
+    assert finish_reason("auto", True, "stop") == "tool_calls"
+    assert finish_reason("auto", False, "stop") == "stop" and finish_reason("auto", True, "length") == "length"
+    assert finish_reason("required", True, "stop") == "stop" and finish_reason("get_weather", True, "stop") == "stop"
+
+
+def test_bad_parallel_tool_calls_and_response_format_name_the_parameter():
+    with pytest.raises(ToolsError) as e:
+        guide_for([WEATHER], "auto", QwenToolParser(), parallel_tool_calls="yes")
+    assert e.value.param == "parallel_tool_calls"
+    with pytest.raises(ToolsError) as e:
+        guide_for([WEATHER], "auto", QwenToolParser(), text_schema={"type": "object", "dependentSchemas": {}})
+    assert e.value.param == "response_format"
 
 
 # --- chat templates ---

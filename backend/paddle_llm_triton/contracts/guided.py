@@ -8,12 +8,20 @@ one (the Triton vLLM backend reads both forms), with exactly one of
   choice       a list of strings; the output is one of them
   grammar      a GBNF / EBNF grammar (`root ::= ...`, as llama.cpp and xgrammar) or a Lark grammar
   json_object  true: any JSON object
-and the options disable_any_whitespace, disable_additional_properties, whitespace_pattern (JSON
-only), disable_fallback and backend (accepted; there is one backend, llguidance, and no fallback).
-structural_tag is refused as not implemented; any other field is refused as unknown.
+and the options disable_any_whitespace (compact JSON), whitespace_pattern (a regex for each JSON
+whitespace run; wins), disable_additional_properties, disable_fallback and backend (accepted; there
+is one backend, llguidance, and no fallback). structural_tag is refused as not implemented; any
+other field is refused as unknown.
+
+JSON guides on both contracts are closed and bounded (GuideSpec's defaults, paddle_llm_structured):
+every object of a schema allows only the keys the schema names unless it says
+`additionalProperties` itself (so disable_additional_properties is always on; false does not open
+a schema, since vLLM clients send false by default), and JSON whitespace is one space or a newline
+with indentation unless the request sets disable_any_whitespace or whitespace_pattern.
 
 TensorRT-LLM (`ensemble` tensors): guided_decoding_guide_type "json" (any JSON object or array,
-as TensorRT-LLM's built-in JSON grammar; the guide is not used), "json_schema", "regex",
+as TensorRT-LLM's built-in JSON grammar, with at most any_json.MAX_ENTRIES entries per object /
+array; the guide is not used), "json_schema", "regex",
 "ebnf_grammar" (the guide holds the schema / pattern / grammar), with guided_decoding_guide.
 
 Every guide is compiled here (without a tokenizer, a few milliseconds), so a malformed schema,
@@ -26,6 +34,7 @@ import json
 
 from paddle_llm_engine.errors import InvalidRequestError
 from paddle_llm_engine.guided import GuideSpec
+from paddle_llm_structured.any_json import any_json_schema
 from paddle_llm_triton.contracts.values import to_bool
 
 VLLM_GUIDE_KEYS = ("guided_decoding", "structured_outputs")
@@ -37,7 +46,7 @@ _VLLM_UNSUPPORTED = ("structural_tag",)
 
 TRTLLM_GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar")
 _TRTLLM_KINDS = {"json_schema": "json_schema", "regex": "regex", "ebnf_grammar": "grammar"}
-TRTLLM_ANY_JSON = '{"type": ["object", "array"]}'
+TRTLLM_ANY_JSON = json.dumps(any_json_schema(("object", "array")))  # bounded: see any_json
 
 
 def from_vllm(field: str, value) -> GuideSpec | None:
@@ -58,8 +67,7 @@ def from_vllm(field: str, value) -> GuideSpec | None:
     sub = f"{field}.{key}"
     spec = GuideSpec(kind=_VLLM_KINDS[key], value=_vllm_guide_text(sub, key, value[key]), field=sub,
                      whitespace_flexible=not opts.get("disable_any_whitespace", False),
-                     whitespace_pattern=ws,
-                     additional_properties=not opts.get("disable_additional_properties", False))
+                     whitespace_pattern=ws)
     spec.check()
     return spec
 
