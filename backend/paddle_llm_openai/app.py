@@ -248,12 +248,6 @@ def _error_handlers(app: FastAPI) -> None:
         return OpenAIError(e.status_code, str(e.detail), code=None,
                            type_="invalid_request_error" if e.status_code < 500 else None).response()
 
-    @app.exception_handler(RecursionError)
-    async def _too_deep(_req, e: RecursionError):
-        # json.loads of a body nested thousands of levels deep (arrays in arrays ...)
-        return OpenAIError(400, "the body is not valid JSON: it is nested too deeply", code="invalid_parameter",
-                           ).response()
-
     @app.exception_handler(Exception)
     async def _unexpected(_req, e: Exception):
         log.exception("unexpected error")

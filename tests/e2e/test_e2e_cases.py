@@ -358,6 +358,38 @@ def test_llm_non_finite_floats_are_invalid_arg_naming_the_key(triton_server, key
     assert "must be a finite number" in assert_http_invalid(h, f"sampling_parameters.{key}")
 
 
+def _deep_schema(levels: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+def test_malformed_shapes_of_input_name_the_input(triton_server):
+    """What a client's mistakes in shape answered before: `ensemble` without text_input a raw KeyError;
+    sampling_parameters nested 20,000 deep a bare RecursionError; a guide schema nested too deep an
+    error naming the internal model preprocessing_0_0. Each now names the input, on both protocols."""
+    url, http = triton_server.grpc_url, triton_server.http_base
+    no_text = [i for i in ensemble_inputs("x", max_tokens=4, stream=True) if i.name() != "text_input"]
+    r = GrpcStream(url, "ensemble", no_text).collect()
+    assert r.error is not None and "text_input" in str(r.error) and "KeyError" not in str(r.error), r.error
+    deep = "[" * 20000 + "]" * 20000
+    msg = assert_grpc_invalid(llm_stream(url, "Hello", stream=True, sampling_parameters=f'{{"stop": {deep}}}'),
+                              "sampling_parameters")
+    assert "RecursionError" not in msg and "nested" in msg, msg
+    msg = assert_http_invalid(http_generate(http, "llm", {"text_input": "Hello", "sampling_parameters": deep}),
+                              "sampling_parameters")
+    guide = json.dumps(_deep_schema(200))
+    r = ensemble_stream(url, "Hello", stream=True, max_tokens=4, guided_decoding_guide_type="json_schema",
+                        guided_decoding_guide=guide)
+    msg = assert_grpc_invalid(r, "guided_decoding_guide")
+    assert "preprocessing_0_0" not in msg and "nested more than" in msg, msg
+    assert_http_invalid(http_generate(http, "ensemble", {"text_input": "Hello", "max_tokens": 4,
+                                                         "guided_decoding_guide_type": "json_schema",
+                                                         "guided_decoding_guide": guide}), "guided_decoding_guide")
+    assert server_ready(http)
+
+
 @pytest.mark.parametrize("params, field", [
     (dict(top_p=1.5), "top_p"),
     (dict(temperature=-1.0, top_k=5), "temperature"),

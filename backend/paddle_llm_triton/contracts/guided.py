@@ -35,7 +35,7 @@ import json
 from paddle_llm_engine.errors import InvalidRequestError
 from paddle_llm_engine.guided import GuideSpec
 from paddle_llm_structured.any_json import any_json_schema
-from paddle_llm_triton.contracts.values import to_bool
+from paddle_llm_triton.contracts.values import parse_json, to_bool
 
 VLLM_GUIDE_KEYS = ("guided_decoding", "structured_outputs")
 _VLLM_KINDS = {"json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "grammar",
@@ -54,10 +54,7 @@ def from_vllm(field: str, value) -> GuideSpec | None:
     when no constraint field is set (vLLM: all constraints None = unguided). field: the key's full
     name, e.g. "sampling_parameters.structured_outputs"."""
     if isinstance(value, str):
-        try:
-            value = json.loads(value) if value.strip() else {}
-        except json.JSONDecodeError as e:
-            raise InvalidRequestError(field, f"not valid JSON: {e}") from None
+        value = parse_json(field, value) if value.strip() else {}
     if not isinstance(value, dict):
         raise InvalidRequestError(field, f"expected a JSON object, got {value!r}")
     value, given, opts, ws = _vllm_options(field, value)
@@ -104,10 +101,7 @@ def _vllm_guide_text(sub: str, key: str, v) -> str:
     """GuideSpec.value of guide kind `key` (vLLM's name) from its value `v`; sub names the key."""
     if key == "json":
         if isinstance(v, str):
-            try:
-                v = json.loads(v)
-            except json.JSONDecodeError as e:
-                raise InvalidRequestError(sub, f"not valid JSON: {e}") from None
+            v = parse_json(sub, v)
         if not isinstance(v, (dict, bool)):
             raise InvalidRequestError(sub, f"expected a JSON schema (a JSON object), got {v!r}")
         return json.dumps(v)
@@ -155,10 +149,7 @@ def from_trtllm(guide_type: str | None, guide: str | None) -> GuideSpec | None:
         if not guide:
             raise InvalidRequestError("guided_decoding_guide", f"required for guide type {guide_type!r}")
         if guide_type == "json_schema":
-            try:
-                schema = json.loads(guide)
-            except json.JSONDecodeError as e:
-                raise InvalidRequestError("guided_decoding_guide", f"not valid JSON: {e}") from None
+            schema = parse_json("guided_decoding_guide", guide)
             if not isinstance(schema, (dict, bool)):
                 raise InvalidRequestError("guided_decoding_guide", "a JSON schema must be a JSON object")
         spec = GuideSpec(kind=_TRTLLM_KINDS[guide_type], value=guide, field="guided_decoding_guide")

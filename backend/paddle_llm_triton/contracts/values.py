@@ -10,13 +10,14 @@ from paddle_llm_engine.errors import InvalidRequestError
 # deepest nesting of arrays / objects a client's JSON may have (sampling_parameters, guides, schemas):
 # far beyond any real schema, far below what recursive code (the parser, schema rewriting,
 # llguidance's conversion) can take
-MAX_JSON_DEPTH = 64
+MAX_JSON_DEPTH = 100
 
 
 def parse_json(field: str, text: str | bytes):
     """A client's JSON text -> the value. Raises InvalidRequestError naming `field` for text that is
     not JSON, or that nests arrays / objects deeper than MAX_JSON_DEPTH (json.loads itself raises
-    RecursionError near the interpreter's recursion limit)."""
+    RecursionError near the interpreter's recursion limit); for an object, the error names the key
+    that nests too deeply (`field.key`)."""
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
@@ -32,6 +33,8 @@ def parse_json(field: str, text: str | bytes):
     else:
         depth = json_depth(value)
     if depth > MAX_JSON_DEPTH:
+        if isinstance(value, dict):
+            field = next((f"{field}.{k}" for k, v in value.items() if json_depth(v) >= MAX_JSON_DEPTH), field)
         raise InvalidRequestError(field, f"nested more than {MAX_JSON_DEPTH} levels deep")
     return value
 
