@@ -134,3 +134,14 @@ def _error_lines(path: Path, limit: int = 20) -> str:
     errors = [l for l in lines if re.match(r"^E\d{4} ", l) or l.startswith("error:")]
     errors = [l for l in errors if "CudaDriverHelper" not in l and "CUDA driver" not in l]
     return "\n".join(errors[-limit:])
+
+
+def pytest_collection_finish(session):
+    """When aiperf's tests are selected, begin installing its venv now (tests/openai/perf_venv.py), so
+    that its 1-2 minutes of pip overlap the tests that run before them."""
+    if any(item.nodeid.startswith("tests/openai/test_third_party_clients.py") and "aiperf" in item.nodeid
+           for item in session.items):
+        sys.path.insert(0, str(REPO_ROOT / "tests" / "openai"))
+        import perf_venv
+
+        perf_venv.start()

@@ -209,11 +209,14 @@ def test_uploaded_model_code_and_unload_are_refused_without_the_admin_key(server
         except (InferenceServerException, grpc.RpcError):
             pass
     client.close()
+    # unload returns at once; Triton 2.51 reports the server not ready until the probe is gone (~1 s)
+    s.wait(s.ready, 60, "ready again after the probe's unload")
     _short_ok(s)
 
 
 def test_sigterm_drains_streams_in_flight_and_exits_zero(server):
     s = server
+    s.wait(s.ready, RECOVER_S, "ready before the SIGTERM")  # the premise: readiness turns false by the drain
     streams = [_started(GrpcStream(s.grpc_url, "llm", llm_inputs(f"Story {i}:", True,
                                                                  {"temperature": "0", "max_tokens": "48",
                                                                   "ignore_eos": "true"},

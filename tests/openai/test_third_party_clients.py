@@ -15,8 +15,9 @@ run on this machine: every perf-analyzer wheel past the 0.1.0 placeholder is man
 binary needs GLIBC_2.38 and GLIBCXX_3.4.32 (Debian 12 has 2.36); genai-perf only drives that binary.
 docs/openai/clients.md says so with the error text.
 
-aiperf lives in its own venv, build/perf-venv (pinned AIPERF_PIN; about 1.2 GB, 1-2 minutes of pip
-on first use, then a stamp makes it instant), made by the `aiperf` fixture: it pulls transformers,
+aiperf lives in its own venv, build/perf-venv (perf_venv.py: pinned AIPERF_PIN; about 1.2 GB, 1-2
+minutes of pip on first use, started in the background once collection is done, then a stamp makes
+it instant), which the `aiperf` fixture waits for: it pulls transformers,
 pandas, numpy 2 and more, which the project's pins (numpy 1.26.4) do not allow in .venv. No hub
 access: --tokenizer is the local model folder (HF_HUB_OFFLINE=1 is removed from aiperf's environment:
 aiperf 0.13 then refuses a local folder as a repo id).
@@ -39,39 +40,24 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 from metrics_util import is_idle, llm_value, wait_for  # noqa: E402
 
+import perf_venv  # noqa: E402  (tests/openai, beside this file)
+
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
-PERF_VENV = REPO / "build" / "perf-venv"
-AIPERF_PIN = "aiperf==0.13.0"
-PIP_TIMEOUT_S = 1800
 RUN_TIMEOUT_S = 420  # one profile; 32 x 8 tokens take 20-60 s here, aiperf's start ~10 s
 REQUESTS, CONCURRENCY, OUT_TOKENS, IN_TOKENS = 32, 4, 8, 32
 
 
-def _base_python() -> str:
-    return getattr(sys, "_base_executable", None) or sys.executable
-
-
 @pytest.fixture(scope="session")
 def aiperf() -> Path:
-    """build/perf-venv/bin/aiperf with AIPERF_PIN installed (idempotent: a stamp names the pin).
-    A failed install fails the test with pip's last lines (PyPI is reachable on CI)."""
-    exe = PERF_VENV / "bin" / "aiperf"
-    stamp = PERF_VENV / ".aiperf-pin"
-    if exe.is_file() and stamp.is_file() and stamp.read_text().strip() == AIPERF_PIN:
-        return exe
-    py = PERF_VENV / "bin" / "python"
-    if not py.is_file():
-        subprocess.run([_base_python(), "-m", "venv", str(PERF_VENV)], check=True, timeout=300)
-    t0 = time.monotonic()
-    proc = subprocess.run([str(py), "-m", "pip", "install", "--disable-pip-version-check", "-q", AIPERF_PIN],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=PIP_TIMEOUT_S)
-    if proc.returncode != 0:
-        pytest.fail(f"pip install {AIPERF_PIN} into {PERF_VENV} failed:\n"
-                    + "\n".join(proc.stdout.strip().splitlines()[-10:]), pytrace=False)
-    stamp.write_text(AIPERF_PIN + "\n")
-    print(f"\n[aiperf] {AIPERF_PIN} installed into {PERF_VENV} in {time.monotonic() - t0:.0f} s")
+    """build/perf-venv/bin/aiperf (perf_venv.py: installed in the background since collection ended,
+    or now). A failed install fails the test with pip's last lines."""
+    try:
+        exe, note = perf_venv.ensure()
+    except RuntimeError as e:
+        pytest.fail(str(e), pytrace=False)
+    print(f"\n[aiperf] {note}")
     return exe
 
 

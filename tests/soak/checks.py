@@ -89,8 +89,10 @@ def classify(o, wins: list[Window]) -> tuple[str, bool]:
             return "refused_as_designed", True
         if o.status == "ok" or o.http_status == 200:
             return "guard_open", False
-        if o.status == "error" and overlapping:
-            return _fault_kind(o, overlapping)
+        # a server-level request: any incident's window explains a connection the restart closed
+        anywhere = [w for w in wins if o.t_send <= w.end and (o.t_end or o.t_send) >= w.start]
+        if o.status == "error" and anywhere:
+            return _fault_kind(o, anywhere)
         return "wrong_refusal", False
     if o.expect.startswith("invalid_arg:"):
         field = o.expect.split(":", 1)[1]

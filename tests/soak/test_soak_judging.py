@@ -63,6 +63,23 @@ def test_a_closed_connection_is_expected_only_when_tritonserver_exited_in_the_wi
     assert checks.classify(raw, [restarted]) == ("server_restart", True)
 
 
+def test_guard_probes_must_be_refused_with_their_status():
+    """401 without the API key and 403 for Triton's admin APIs are the design; a 200 means the guard is
+    open; a connection a tritonserver restart closed is explained by any incident (a server-level
+    probe belongs to no model)."""
+    assert checks.classify(_o(error="HTTP 403: restricted", expect="http:403", model="triton", protocol="http",
+                              http_status=403), []) == ("refused_as_designed", True)
+    assert checks.classify(_o(status="ok", expect="http:401", protocol="openai", http_status=200), []) \
+        == ("guard_open", False)
+    assert checks.classify(_o(error="HTTP 500: boom", expect="http:401", protocol="openai", http_status=500), [])[1] \
+        is False
+    refused = _o(error="ConnectionError: [Errno 111] Connection refused", expect="http:403", model="triton",
+                 protocol="http")
+    restarted = checks.Window(11.0, 20.0, ["llm", "ensemble"], "SIGKILL of stub llm_0_0", server_restart=True)
+    assert checks.classify(refused, [restarted]) == ("server_restart", True)
+    assert checks.classify(refused, []) == ("wrong_refusal", False)
+
+
 def test_an_engine_failure_quoting_a_rank_transport_error_is_the_fault_not_a_closed_connection():
     """Seen in a 2-hour soak: the surviving TP rank's gloo error reached the client inside the engine's
     own error response; the server had not closed any connection."""
