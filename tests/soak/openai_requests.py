@@ -110,36 +110,50 @@ def _stream(ctx, out: Outcome, body: dict, close_after: int | None = None) -> di
     return {"finish": finish}
 
 
+def _complete(ctx, out: Outcome, body: dict) -> dict | None:
+    """POST a non-streamed chat completion; fills out's status, text, finish_reason, time and tokens;
+    returns its first choice (None after an error, recorded in out)."""
+    r = requests.post(f"{ctx.openai_base()}/v1/chat/completions", json=body, headers=_headers(),
+                      timeout=ctx.timeout_s)
+    if r.status_code != 200:
+        _error(out, r)
+        return None
+    out.http_status = 200
+    ch = r.json()["choices"][0]
+    out.text, out.finish_reason = ch["message"].get("content") or "", ch["finish_reason"]
+    out.times.append(time.monotonic())
+    out.tokens.append(r.json()["usage"]["completion_tokens"])
+    return ch
+
+
+def _run(ctx, out: Outcome, send) -> Outcome:
+    """send() inside the bounds of one request: errors recorded, malformed when problems were found."""
+    out.t_send = time.monotonic()
+    try:
+        send()
+    except Exception as e:  # noqa: BLE001
+        _fail(out, e)
+    out.t_end = time.monotonic()
+    if out.problems and out.status == "ok":
+        out.status = "malformed"
+    return out
+
+
 def chat(ctx, client: str, rng, model: str = "llm") -> Outcome:
     stream = rng.random() < 0.6
     out = _out(ctx, "openai_chat_stream" if stream else "openai_chat", client)
     body = _chat_body(rng)
-    out.t_send = time.monotonic()
-    try:
+
+    def send():
         if stream:
-            got = _stream(ctx, out, body)
-            out.finish_reason = got.get("finish")
-        else:
-            r = requests.post(f"{ctx.openai_base()}/v1/chat/completions", json=body, headers=_headers(),
-                              timeout=ctx.timeout_s)
-            if r.status_code != 200:
-                _error(out, r)
-            else:
-                out.http_status = 200
-                ch = r.json()["choices"][0]
-                out.text, out.finish_reason = ch["message"]["content"] or "", ch["finish_reason"]
-                out.times.append(time.monotonic())
-                out.tokens.append(r.json()["usage"]["completion_tokens"])
-    except Exception as e:  # noqa: BLE001
-        _fail(out, e)
-    out.t_end = time.monotonic()
-    if out.status == "ok":
-        if out.finish_reason not in ("stop", "length"):
-            out.problems.append(f"finish_reason {out.finish_reason!r}")
-        out.ref_key = f"openai:{body['messages'][0]['content']}:{body['max_tokens']}"
-        if out.problems:
-            out.status = "malformed"
-    return out
+            out.finish_reason = _stream(ctx, out, body).get("finish")
+        elif _complete(ctx, out, body) is None:
+            return
+        if out.status == "ok":
+            if out.finish_reason not in ("stop", "length"):
+                out.problems.append(f"finish_reason {out.finish_reason!r}")
+            out.ref_key = f"openai:{body['messages'][0]['content']}:{body['max_tokens']}"
+    return _run(ctx, out, send)
 
 
 def json_schema(ctx, client: str, rng, model: str = "llm") -> Outcome:
@@ -148,121 +162,78 @@ def json_schema(ctx, client: str, rng, model: str = "llm") -> Outcome:
     body = _chat_body(rng, max_tokens=150, response_format={
         "type": "json_schema", "json_schema": {"name": f"s{k}", "strict": True, "schema": SCHEMAS[k]}})
     body["messages"][0]["content"] = "Answer in JSON: " + body["messages"][0]["content"]
-    out.t_send = time.monotonic()
-    try:
-        r = requests.post(f"{ctx.openai_base()}/v1/chat/completions", json=body, headers=_headers(),
-                          timeout=ctx.timeout_s)
-        if r.status_code != 200:
-            _error(out, r)
-        else:
-            out.http_status = 200
-            ch = r.json()["choices"][0]
-            out.text, out.finish_reason = ch["message"]["content"] or "", ch["finish_reason"]
-            out.times.append(time.monotonic())
-            out.tokens.append(r.json()["usage"]["completion_tokens"])
-            if out.finish_reason != "stop":
-                out.problems.append(f"json_schema answer ended with {out.finish_reason!r}, not closed")
-            else:
-                try:
-                    jsonschema.validate(json.loads(out.text), SCHEMAS[k])
-                except (ValueError, jsonschema.ValidationError) as e:
-                    out.problems.append(f"answer does not validate against schema {k}: {str(e)[:200]}")
-    except Exception as e:  # noqa: BLE001
-        _fail(out, e)
-    out.t_end = time.monotonic()
-    if out.problems and out.status == "ok":
-        out.status = "malformed"
-    return out
+
+    def send():
+        if _complete(ctx, out, body) is None:
+            return
+        if out.finish_reason != "stop":
+            out.problems.append(f"json_schema answer ended with {out.finish_reason!r}, not closed")
+            return
+        try:
+            jsonschema.validate(json.loads(out.text), SCHEMAS[k])
+        except (ValueError, jsonschema.ValidationError) as e:
+            out.problems.append(f"answer does not validate against schema {k}: {str(e)[:200]}")
+    return _run(ctx, out, send)
 
 
 def tool(ctx, client: str, rng, model: str = "llm") -> Outcome:
     out = _out(ctx, "openai_tool", client)
     body = _chat_body(rng, max_tokens=100, tools=TOOLS, tool_choice="required")
     body["messages"][0]["content"] = f"What is the weather in {rng.choice(['Paris', 'Tokyo', 'Lima'])}?"
-    out.t_send = time.monotonic()
-    try:
-        r = requests.post(f"{ctx.openai_base()}/v1/chat/completions", json=body, headers=_headers(),
-                          timeout=ctx.timeout_s)
-        if r.status_code != 200:
-            _error(out, r)
-        else:
-            out.http_status = 200
-            ch = r.json()["choices"][0]
-            out.finish_reason = ch["finish_reason"]
-            out.times.append(time.monotonic())
-            out.tokens.append(r.json()["usage"]["completion_tokens"])
-            calls = ch["message"].get("tool_calls") or []
-            if len(calls) < 1:
-                out.problems.append(f"tool_choice required gave no call: {str(ch['message'])[:200]}")
-            for c in calls:
-                try:
-                    args = json.loads(c["function"]["arguments"])
-                    jsonschema.validate(args, TOOLS[0]["function"]["parameters"])
-                except (ValueError, KeyError, jsonschema.ValidationError) as e:
-                    out.problems.append(f"tool call arguments do not validate: {str(e)[:200]}")
-            out.text = json.dumps([c["function"] for c in calls])[:2000]
-    except Exception as e:  # noqa: BLE001
-        _fail(out, e)
-    out.t_end = time.monotonic()
-    if out.problems and out.status == "ok":
-        out.status = "malformed"
-    return out
+
+    def send():
+        ch = _complete(ctx, out, body)
+        if ch is None:
+            return
+        calls = ch["message"].get("tool_calls") or []
+        if not calls:
+            out.problems.append(f"tool_choice required gave no call: {str(ch['message'])[:200]}")
+        for c in calls:
+            try:
+                jsonschema.validate(json.loads(c["function"]["arguments"]), TOOLS[0]["function"]["parameters"])
+            except (ValueError, KeyError, jsonschema.ValidationError) as e:
+                out.problems.append(f"tool call arguments do not validate: {str(e)[:200]}")
+        out.text = json.dumps([c["function"] for c in calls])[:2000]
+    return _run(ctx, out, send)
+
+
+def _record(out: Outcome, r: requests.Response) -> None:
+    """The answer's status into out: 200 as it is, anything else as an error with its message."""
+    if r.status_code == 200:
+        out.http_status = 200
+    else:
+        _error(out, r)
 
 
 def close_mid(ctx, client: str, rng, model: str = "llm") -> Outcome:
     out = _out(ctx, "openai_stream_close", client, expect="cancel")
-    out.t_send = time.monotonic()
-    try:
+
+    def send():
         _stream(ctx, out, _chat_body(rng, max_tokens=200, ignore_eos=True), close_after=2)
-    except Exception as e:  # noqa: BLE001
-        _fail(out, e)
-    out.t_end = time.monotonic()
-    if out.status == "ok":  # ended before the client could close it: fine, but not what was planned
-        out.status = "cancelled"
-    return out
+        if out.status == "ok":  # ended before the client could close it: fine, but not what was planned
+            out.status = "cancelled"
+    return _run(ctx, out, send)
 
 
 def bad(ctx, client: str, rng, model: str = "llm") -> Outcome:
     out = _out(ctx, "openai_bad_input", client, expect="invalid_arg:temperature")
-    out.t_send = time.monotonic()
-    try:
-        r = requests.post(f"{ctx.openai_base()}/v1/chat/completions", json=_chat_body(rng, temperature=3),
-                          headers=_headers(), timeout=ctx.timeout_s)
-        if r.status_code == 200:
-            out.http_status = 200
-        else:
-            _error(out, r)
-    except Exception as e:  # noqa: BLE001
-        _fail(out, e)
-    out.t_end = time.monotonic()
-    return out
+    return _run(ctx, out, lambda: _record(out, requests.post(
+        f"{ctx.openai_base()}/v1/chat/completions", json=_chat_body(rng, temperature=3), headers=_headers(),
+        timeout=ctx.timeout_s)))
 
 
 def unauthorized(ctx, client: str, rng, model: str = "llm") -> Outcome:
     out = _out(ctx, "openai_unauthorized", client, expect="http:401")
-    out.t_send = time.monotonic()
-    try:
-        key = rng.choice((None, "sk-wrong-key"))
-        r = requests.post(f"{ctx.openai_base()}/v1/chat/completions", json=_chat_body(rng), headers=_headers(key),
-                          timeout=ctx.timeout_s)
-        _error(out, r) if r.status_code != 200 else setattr(out, "http_status", 200)
-    except Exception as e:  # noqa: BLE001
-        _fail(out, e)
-    out.t_end = time.monotonic()
-    return out
+    key = rng.choice((None, "sk-wrong-key"))
+    return _run(ctx, out, lambda: _record(out, requests.post(
+        f"{ctx.openai_base()}/v1/chat/completions", json=_chat_body(rng), headers=_headers(key),
+        timeout=ctx.timeout_s)))
 
 
 def admin(ctx, client: str, rng, model: str = "llm") -> Outcome:
     out = _out(ctx, "admin_api_refused", client, expect="http:403")
-    out.protocol = "http"
-    out.model = "triton"
-    out.t_send = time.monotonic()
-    try:
-        method, path = rng.choice((("POST", "/v2/repository/index"), ("POST", "/v2/repository/models/llm/unload"),
-                                   ("GET", "/v2/systemsharedmemory/status")))
-        r = requests.request(method, f"{ctx.http_base()}{path}", timeout=ctx.timeout_s)
-        _error(out, r) if r.status_code != 200 else setattr(out, "http_status", 200)
-    except Exception as e:  # noqa: BLE001
-        _fail(out, e)
-    out.t_end = time.monotonic()
-    return out
+    out.protocol, out.model = "http", "triton"  # a server-level request, no model's
+    method, path = rng.choice((("POST", "/v2/repository/index"), ("POST", "/v2/repository/models/llm/unload"),
+                               ("GET", "/v2/systemsharedmemory/status")))
+    return _run(ctx, out, lambda: _record(out, requests.request(method, f"{ctx.http_base()}{path}",
+                                                                timeout=ctx.timeout_s)))
