@@ -69,7 +69,9 @@ class Frontend:
         now = time.monotonic()
         if now - self._ready_at < READY_TTL_S:
             return True
-        if self.llm is None or not await self.llm.is_ready():
+        # llm's own readiness, not the server's: the server reports not ready while another model (say
+        # a tensor-parallel one) is reloaded, and llm serves meanwhile
+        if self.llm is None or not await self.llm.is_model_ready():
             return False
         self._ready_at = now
         if self.llm_config is None:

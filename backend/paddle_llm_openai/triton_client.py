@@ -81,6 +81,13 @@ class TritonLLM:
         except Exception:
             return {}
 
+    async def is_model_ready(self) -> bool:
+        """The model is ready (False on any error: the server may be gone)."""
+        try:
+            return bool(await self.client.is_model_ready(self.model))
+        except Exception:
+            return False
+
     async def is_live(self) -> bool:
         try:
             return bool(await self.client.is_server_live())

@@ -27,11 +27,16 @@ from records import Outcome
 API_KEY = "sk-soak-0123456789abcdef"  # the soak server's VLLM_API_KEY (server.py)
 PROMPTS = ["What is the capital of France?", "Name three colours.", "Say hello in Spanish.",
            "Write one sentence about the sea.", "Count from one to five."]
+# bounded as docs/features/structured_outputs.md asks of schema authors (maxLength, maxItems, a maximum):
+# without them greedy SmolLM2 ran to max_tokens inside a string 8 times in 101 ("Shelter_2023_2023_...")
 SCHEMAS = [
-    {"type": "object", "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
+    {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
+                                      "population": {"type": "integer", "minimum": 0, "maximum": 10 ** 10}},
      "required": ["city", "population"]},
-    {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer", "minimum": 0},
-                                      "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 3}},
+    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 40},
+                                      "age": {"type": "integer", "minimum": 0, "maximum": 200},
+                                      "tags": {"type": "array", "items": {"type": "string", "maxLength": 30},
+                                               "maxItems": 3}},
      "required": ["name", "age"]},
     {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}, "confidence": {"type": "number"}},
      "required": ["answer"]},
