@@ -7,7 +7,9 @@ official `openai` SDK, streamed as it is generated.
 
 --base-url (default http://127.0.0.1:9000/v1, or OPENAI_BASE_URL); --model (default: the first served
 name, from GET /v1/models). Prints the answer on stdout; finish reason, usage and time on stderr. Any
-OpenAI client works the same way: the api key is not checked (any string).
+OpenAI client works the same way. The key is the environment variable OPENAI_API_KEY, as for every
+OpenAI SDK client: a server started with VLLM_API_KEY=... checks it (401 without the same key,
+docs/security.md); without VLLM_API_KEY the server checks none and any string does.
 """
 
 import argparse

@@ -18,6 +18,10 @@ Rules:
   the shared definition stays closed for its other uses;
 - an object that names no key and has no `properties` (`{"type": "object"}`: any object, as
   `json_object` asks) stays open; `"properties": {}` names none on purpose and allows only `{}`;
+- an integer the schema leaves unbounded gets RFC 8259's interoperable range (section 6: integers in
+  [-(2**53 - 1), 2**53 - 1] are exact in every JSON parser) on each side it leaves open, at most 16
+  digits: a greedy small model otherwise repeats a digit until max_tokens (SmolLM2 did for 3 of 8
+  city/population questions); an explicit minimum / maximum (exclusive or not) stays as written;
 - applied recursively: `properties`, `patternProperties`, `additionalProperties` / `items` /
   `prefixItems` / `contains` schemas, branches, `$defs` / `definitions`; never inside `not` / `if` /
   `then` / `else` / `dependentSchemas` (closing there would change which instances they select)
@@ -35,6 +39,7 @@ _MAPS = ("properties", "patternProperties", "$defs", "definitions")  # value: na
 _BRANCHES = ("allOf", "anyOf", "oneOf")
 _OWN_RULE = ("additionalProperties", "unevaluatedProperties", "propertyNames")  # the schema says how
 _OBJECT_HINTS = ("properties", "required", "patternProperties")
+INTEROPERABLE_INT = 2 ** 53 - 1  # RFC 8259 section 6
 
 
 def close_schema(schema):
@@ -62,6 +67,12 @@ def _is_object(node: dict) -> bool:
     if isinstance(t, list):
         return "object" in t
     return any(k in node for k in _OBJECT_HINTS)
+
+
+def _is_integer(node: dict) -> bool:
+    t = node.get("type")
+    # ["integer", "null"] too: bounds apply to numbers only (JSON Schema), so null stays allowed
+    return t == "integer" or (isinstance(t, list) and "integer" in t and "number" not in t)
 
 
 def _own_names(node: dict) -> dict:
@@ -135,6 +146,11 @@ class _Closer:
                 out[k] = [self.node(s, {}, ()) for s in v]
             else:
                 out[k] = v
+        if _is_integer(node):
+            if "maximum" not in node and "exclusiveMaximum" not in node:
+                out["maximum"] = INTEROPERABLE_INT
+            if "minimum" not in node and "exclusiveMinimum" not in node:
+                out["minimum"] = -INTEROPERABLE_INT
         if _is_object(node) and not any(k in node for k in _OWN_RULE) and (
                 visible or any(k in node for k in _OBJECT_HINTS)):
             props = dict(out.get("properties") or {})

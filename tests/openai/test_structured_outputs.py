@@ -43,6 +43,28 @@ def test_the_issue_city_population_parses(openai_server, openai_client, strict):
     assert set(value) == {"city", "population"} and len(c.message.content) < 100
 
 
+@pytest.mark.parametrize("question", ["What is the capital of France?",
+                                      "Give the city and population of the capital of Japan.",
+                                      "Which city is the capital of Japan and how many people live there?"])
+def test_pydantic_parse_of_an_unbounded_integer_closes(openai_server, openai_client, question):
+    """A new user's check: the SDK's parse() into a pydantic class {city: str, population: int}. The
+    schema bounds no integer, and greedy SmolLM2 wrote "population": 1111... until max_tokens for
+    these three questions (LengthFinishReasonError); integers now get RFC 8259's interoperable range,
+    so the number ends within 16 digits and the object closes."""
+    import pydantic
+
+    class City(pydantic.BaseModel):
+        city: str
+        population: int
+
+    r = openai_client.beta.chat.completions.parse(model=openai_server.model, temperature=0, max_tokens=200,
+                                                   messages=[{"role": "user", "content": question}],
+                                                   response_format=City)
+    c = r.choices[0]
+    assert c.finish_reason == "stop" and isinstance(c.message.parsed, City), c.message.content
+    assert abs(c.message.parsed.population) <= 2 ** 53 - 1
+
+
 def test_schemas_greedy_and_streamed(openai_server, async_openai_client):
     """Six of the 20 schemas, greedy, concurrently: each answer stops, parses and validates; the
     streamed answer of one joins to the same text."""

@@ -241,3 +241,29 @@ def test_closing_an_unsatisfiable_combination_is_still_a_clear_error():
     with pytest.raises(InvalidRequestError) as e:
         GuideSpec("json_schema", json.dumps(bad), field="guided_decoding_guide").check()
     assert e.value.field == "guided_decoding_guide"
+
+
+def test_unbounded_integers_get_rfc8259s_interoperable_range_and_explicit_bounds_stay():
+    """Each open side of an integer gets +-(2**53 - 1) (RFC 8259 section 6); a bound the schema sets,
+    exclusive or not, stays; numbers are left alone; nullable integers keep null."""
+    import jsonschema
+
+    from paddle_llm_structured.closed_schema import INTEROPERABLE_INT
+
+    schema = {"type": "object", "properties": {
+        "n": {"type": "integer"}, "pos": {"type": "integer", "minimum": 0},
+        "capped": {"type": "integer", "exclusiveMaximum": 10}, "maybe": {"type": ["integer", "null"]},
+        "x": {"type": "number"}, "tags": {"type": "array", "items": {"type": "integer"}}}}
+    closed = close_schema(schema)
+    p = closed["properties"]
+    assert (p["n"]["minimum"], p["n"]["maximum"]) == (-INTEROPERABLE_INT, INTEROPERABLE_INT) == (-(2**53 - 1), 2**53 - 1)
+    assert p["pos"]["minimum"] == 0 and p["pos"]["maximum"] == INTEROPERABLE_INT
+    assert "maximum" not in p["capped"] and p["capped"]["exclusiveMaximum"] == 10
+    assert "maximum" not in p["x"] and "minimum" not in p["x"]
+    assert p["tags"]["items"]["maximum"] == INTEROPERABLE_INT
+    ok = {"n": 2**53 - 1, "maybe": None, "pos": 0}
+    jsonschema.validate(ok, closed)
+    for bad in ({"n": 2**53}, {"pos": -1}, {"maybe": -(2**53)}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, closed)
+    assert schema["properties"]["n"] == {"type": "integer"}  # the input is not changed
