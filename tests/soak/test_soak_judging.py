@@ -183,6 +183,18 @@ def test_rss_step_in_a_fault_window_is_a_level_shift_not_a_trend():
     assert rss.fit(pts, 0.0, 300.0)["slope_mb_per_min"] > 0.3
 
 
+def test_rss_released_once_inside_a_stretch_is_not_memory_kept_across_faults():
+    # The 20-minute soak's OpenAI frontend: flat at 179 MB, down to 145 MB once between two faults,
+    # flat again. The pooled slope tilts down and the intercepts rise 30 MB; nothing was kept.
+    pts = [(t, 179.0 if t < 570 else 145.0) for t in range(60, 1215, 15)]
+    r = rss.fit(pts, first_seen=0.0, warmup_s=60.0, exclude=[(136.0, 200.0), (436.0, 470.0), (1044.0, 1080.0)])
+    assert r["segments"] == 4 and r["steps_mb"] == 0.0
+    # memory kept at each of the same faults still counts: 5 MB at each, 15 MB in all
+    kept = [(t, 179.0 + 5.0 * sum(t >= f for f in (200, 470, 1080))) for t in range(60, 1215, 15)]
+    r = rss.fit(kept, first_seen=0.0, warmup_s=60.0, exclude=[(136.0, 200.0), (436.0, 470.0), (1044.0, 1080.0)])
+    assert abs(r["steps_mb"] - 15.0) < 0.1
+
+
 def test_rss_leak_per_request_shows_in_every_segment():
     # 1.5 MB/min of growth under traffic, faults every 300 s: the stretches between them still carry it.
     pts = [(t, 150.0 + 1.5 * t / 60) for t in range(300, 2400, 15)]
