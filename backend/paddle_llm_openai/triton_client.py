@@ -56,13 +56,33 @@ def _tensor(name: str, value, dtype: str) -> grpcclient.InferInput:
     return t
 
 
+# gRPC's reconnect back-off grows to 120 s by default: after tritonserver was restarted (the
+# supervisor does that when a stub dies), the channel could stay in back-off for ~10 s after the
+# server was back, answering 503 meanwhile (the 3-minute soak saw it); capped at 1 s here
+RECONNECT_BACKOFF_MS = (("grpc.initial_reconnect_backoff_ms", 250), ("grpc.min_reconnect_backoff_ms", 250),
+                        ("grpc.max_reconnect_backoff_ms", 1000))
+
+
+def channel_args() -> list[tuple[str, int]]:
+    """tritonclient's own channel defaults (message sizes, keepalive) plus RECONNECT_BACKOFF_MS."""
+    from tritonclient.grpc import KeepAliveOptions
+    from tritonclient.grpc._client import MAX_GRPC_MESSAGE_SIZE
+
+    ka = KeepAliveOptions()
+    return [("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
+            ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
+            ("grpc.keepalive_time_ms", ka.keepalive_time_ms), ("grpc.keepalive_timeout_ms", ka.keepalive_timeout_ms),
+            ("grpc.keepalive_permit_without_calls", ka.keepalive_permit_without_calls),
+            ("grpc.http2.max_pings_without_data", ka.http2_max_pings_without_data), *RECONNECT_BACKOFF_MS]
+
+
 class TritonLLM:
     """The gRPC client of one Triton server's `llm` model. Create inside the running event loop."""
 
     def __init__(self, url: str, model: str = "llm"):
         self.url = url
         self.model = model
-        self.client = grpcclient.InferenceServerClient(url)
+        self.client = grpcclient.InferenceServerClient(url, channel_args=channel_args())
 
     async def close(self) -> None:
         await self.client.close()

@@ -1,8 +1,8 @@
 """Benchmark clients nobody here wrote, against the real server (docs/openai/clients.md).
 
 aiperf (PyPI `aiperf`, NVIDIA's load generator that follows genai-perf) runs a short bounded profile,
-32 requests at concurrency 4, each asking for exactly OUT_TOKENS tokens (EOS ignored), and must end
-with 32 completed requests, 0 errors and exactly 32 x OUT_TOKENS tokens counted by the engine
+REQUESTS (16) requests at concurrency 4, each asking for exactly OUT_TOKENS tokens (EOS ignored), and must end
+with REQUESTS completed requests, 0 errors and exactly REQUESTS x OUT_TOKENS tokens counted by the engine
 (`llm_generation_tokens_total` on Triton's metrics endpoint, read idle before and after):
 - the OpenAI endpoint of the frontend: /v1/chat/completions, streamed (`--endpoint-type chat
   --streaming`);
@@ -45,8 +45,8 @@ import perf_venv  # noqa: E402  (tests/openai, beside this file)
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
-RUN_TIMEOUT_S = 420  # one profile; 32 x 8 tokens take 20-60 s here, aiperf's start ~10 s
-REQUESTS, CONCURRENCY, OUT_TOKENS, IN_TOKENS = 32, 4, 8, 32
+RUN_TIMEOUT_S = 420  # one profile; 16 x 8 tokens take 15-40 s here, aiperf's start ~10 s
+REQUESTS, CONCURRENCY, OUT_TOKENS, IN_TOKENS = 16, 4, 8, 32
 
 
 @pytest.fixture(scope="session")
@@ -90,8 +90,8 @@ def engine_counts(metrics_url: str) -> tuple[float, float]:
 
 def check_profile(report: dict, before: tuple[float, float], after: tuple[float, float], what: str,
                   capsys) -> None:
-    """32 completed, 0 errors, not cancelled; the engine generated exactly 32 x OUT_TOKENS tokens for
-    32 requests; aiperf's own count (it re-tokenizes the text, which can merge a token or two at the
+    """REQUESTS completed, 0 errors, not cancelled; the engine generated exactly REQUESTS x OUT_TOKENS
+    tokens for REQUESTS requests; aiperf's own count (it re-tokenizes the text, which can merge a token or two at the
     edges: 7 of 8 seen) within 2 tokens of OUT_TOKENS."""
     osl = report["output_sequence_length"]
     with capsys.disabled():

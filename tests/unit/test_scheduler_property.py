@@ -146,6 +146,6 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert self.bm.num_free_blocks == self.bm.num_blocks
 
 
-SchedulerMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None, database=None,
+SchedulerMachine.TestCase.settings = settings(max_examples=75, stateful_step_count=40, deadline=None, database=None,
                                               suppress_health_check=[HealthCheck.too_slow])
 TestScheduler = SchedulerMachine.TestCase
