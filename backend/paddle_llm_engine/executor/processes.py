@@ -10,30 +10,18 @@ from __future__ import annotations
 
 import ctypes
 import os
-import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from multiprocessing.connection import Connection
 
+from paddle_llm_engine.platforms.interpreter import python_executable
+
 STOP_GRACE_S = 5.0
 PR_SET_PDEATHSIG = 1
 WORKER_MODULE = "paddle_llm_engine.executor.tp_worker"
-
-
-def python_executable() -> str:
-    """The interpreter for the workers: this one, unless this process is an embedding binary
-    (Triton's Python-backend stub), then the `python3` its PATH finds (the venv's)."""
-    exe = sys.executable or ""
-    if os.path.basename(exe).startswith("python"):
-        return exe
-    for cand in (os.path.join(sys.prefix, "bin", "python3"), shutil.which("python3")):
-        if cand and os.path.isfile(cand):
-            return cand
-    raise RuntimeError(f"no Python interpreter found for the tensor-parallel workers (sys.executable {exe!r})")
 
 
 def free_port() -> int:

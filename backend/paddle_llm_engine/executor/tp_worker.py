@@ -41,7 +41,8 @@ from multiprocessing.connection import Connection
 
 from paddle_llm_engine.executor.channel import WorkerSpec, open_logits_file
 from paddle_llm_engine.executor import remote
-from paddle_llm_engine.executor.processes import python_executable, watch_parent
+from paddle_llm_engine.executor.processes import watch_parent
+from paddle_llm_engine.platforms.interpreter import python_executable
 
 log = logging.getLogger("paddle_llm_engine.executor.tp_worker")
 
