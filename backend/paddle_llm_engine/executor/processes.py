@@ -17,6 +17,7 @@ import threading
 import time
 from multiprocessing.connection import Connection
 
+from paddle_llm_engine.executor.channel import Stop
 from paddle_llm_engine.platforms.interpreter import python_executable
 
 STOP_GRACE_S = 5.0
@@ -85,11 +86,11 @@ def spawn_workers(envs: list[dict], procs: list) -> list[Connection]:
 
 
 def stop_workers(procs: list, conns: list, logits_path: str | None) -> None:
-    """Stop every worker (close() and the finalizer): "stop", STOP_GRACE_S, SIGKILL (a remote rank:
+    """Stop every worker (close() and the finalizer): Stop(), STOP_GRACE_S, SIGKILL (a remote rank:
     its connection closed); close the sockets and remove the logits file if it is still there."""
     for c in conns:
         try:
-            c.send(("stop",))
+            c.send(Stop())
         except (OSError, ValueError):
             pass
     deadline = time.monotonic() + STOP_GRACE_S
