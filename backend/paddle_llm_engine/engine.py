@@ -237,8 +237,10 @@ class LLMEngine:
                            spec_accepted_per_pos=tuple(self.spec_accepted_per_pos))
 
     def close(self) -> None:
-        """Release the executor's processes (tensor parallel workers); idempotent."""
+        """Release the executor's processes (tensor parallel workers) and the guided-decoding mask
+        thread; idempotent."""
         self.executor.close()
+        self.guided.close()
 
     def has_unfinished_requests(self) -> bool:
         """True while any request added is not finished."""

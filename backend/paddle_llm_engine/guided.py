@@ -213,6 +213,7 @@ class GuidedDecoding:
         self.eos_token_ids = list(eos_token_ids)
         self._tokenizer = None
         self._executor: ThreadPoolExecutor | None = None
+        self._closed = False
         self._lock = threading.Lock()
         self.mask_words = 0
         self.tokenizer_eos_ids: frozenset[int] = frozenset()
@@ -244,11 +245,23 @@ class GuidedDecoding:
             return self._tokenizer
 
     def submit(self, fn) -> Future:
-        """Run fn on the mask worker thread (started on first use)."""
+        """Run fn on the mask worker thread (started on first use). Raises RuntimeError after close()."""
         with self._lock:
+            if self._closed:
+                raise RuntimeError("guided decoding is closed (the engine was closed)")
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llm-guided-mask")
-        return self._executor.submit(fn)
+            return self._executor.submit(fn)
+
+    def close(self) -> None:
+        """Stop the mask worker thread (masks not yet started are cancelled); idempotent. Called by
+        LLMEngine.close: an engine closed and rebuilt in the same process (a model reload) would
+        otherwise leave one idle thread behind each time."""
+        with self._lock:
+            self._closed = True
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
 
     def new_state(self, spec: GuideSpec, stop_ids: list[int]) -> GuideState:
         """Compile the guide for one sequence and start its first mask. Raises InvalidRequestError
