@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from paddle_llm_engine.errors import InvalidRequestError
+from paddle_llm_engine.errors import ErrorCode, InvalidRequestError
 from paddle_llm_structured.any_json import any_json_schema
 from paddle_llm_structured.closed_schema import close_schema
 from paddle_llm_structured.json_layout import json_options
@@ -50,8 +50,8 @@ class GuideSpec:
         unused), "regex" (value: the pattern; the whole output must match it), "choice" (value: a
         JSON list of strings; the output is exactly one of them), "grammar" (value: a GBNF / EBNF
         grammar as llama.cpp and xgrammar write them, `root ::= ...`, or a Lark grammar).
-    field: the request field the guide came from (e.g. "guided_decoding_guide" or
-        "sampling_parameters.structured_outputs.json"); errors name it.
+    field: the request field the guide came from, as the caller names it for its clients (default
+        "guide"); errors name it (INVALID_GUIDE).
     whitespace_flexible: JSON kinds: True (default) allows the bounded whitespace of
         paddle_llm_structured.json_layout between tokens; False is compact JSON (vLLM's
         disable_any_whitespace); whitespace_pattern: JSON kinds: a regex for each whitespace run
@@ -91,8 +91,10 @@ class GuideSpec:
         except InvalidRequestError:
             raise
         except Exception as e:  # json / GBNF conversion errors
-            raise InvalidRequestError(self.field, f"invalid {self.kind.replace('_', ' ')}: {e}") from None
-        raise InvalidRequestError(self.field, f"unknown guide kind {self.kind!r} (one of {', '.join(GUIDE_KINDS)})")
+            raise InvalidRequestError(self.field, f"invalid {self.kind.replace('_', ' ')}: {e}",
+                                      ErrorCode.INVALID_GUIDE) from None
+        raise InvalidRequestError(self.field, f"unknown guide kind {self.kind!r} (one of {', '.join(GUIDE_KINDS)})",
+                                  ErrorCode.INVALID_GUIDE)
 
     def check(self) -> None:
         """Compile the guide without a tokenizer (cheap: milliseconds), so that a malformed schema,
@@ -101,7 +103,8 @@ class GuideSpec:
 
         err = llguidance.LLMatcher.validate_grammar(self.grammar())
         if err:
-            raise InvalidRequestError(self.field, f"invalid {self.kind.replace('_', ' ')}: {_first_lines(err)}")
+            raise InvalidRequestError(self.field, f"invalid {self.kind.replace('_', ' ')}: {_first_lines(err)}",
+                                      ErrorCode.INVALID_GUIDE)
 
 
 def _first_lines(text: str, n: int = 6) -> str:
@@ -272,5 +275,5 @@ class GuidedDecoding:
         matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise InvalidRequestError(spec.field, f"invalid {spec.kind.replace('_', ' ')}: "
-                                                  f"{_first_lines(matcher.get_error())}")
+                                                  f"{_first_lines(matcher.get_error())}", ErrorCode.INVALID_GUIDE)
         return GuideState(self, matcher, stop_ids)
