@@ -165,6 +165,8 @@ def test_engine_field_names_reach_clients_as_the_triton_inputs_name_them():
     assert (e.field, e.code) == ("sampling_parameters.end_id", ErrorCode.INVALID_SAMPLING_PARAM)
     e = error_of(from_trtllm_tensors, {"end_id": VOCAB}, VOCAB)
     assert (e.field, e.code) == ("end_id", ErrorCode.INVALID_SAMPLING_PARAM)
+    e = error_of(from_pipeline_json, json.dumps({"structured_outputs": {"regex": "(("}}))
+    assert (e.field, e.code) == ("guided_decoding_guide", ErrorCode.INVALID_GUIDE)
     e = error_of(check_max_tokens, SamplingParams(max_tokens=8), 9000, 8192)
     assert e.code is ErrorCode.PROMPT_TOO_LONG
 

@@ -124,7 +124,7 @@ def from_pipeline_json(text: str | bytes | None) -> SamplingParams:
         p = from_vllm_json(text, None)
     except InvalidRequestError as e:
         key = e.field.split(".")[1] if e.field.startswith("sampling_parameters.") else e.field
-        raise InvalidRequestError(_TENSOR_OF_KEY.get(key, key), e.message) from None
+        raise InvalidRequestError(_TENSOR_OF_KEY.get(key, key), e.message, e.code) from None
     if p.guide is not None:
         p.guide = dataclasses.replace(p.guide, field="guided_decoding_guide")
     return p
