@@ -67,7 +67,8 @@ class OpSet:
     """The kernels of one engine. Signatures (T tokens, H hidden, d head_dim):
     rms_norm(x [T, H], weight [H], eps) -> [T, H];
     add_rms_norm(delta [T, H], residual [T, H], weight, eps) -> (rms_norm(residual + delta), residual + delta);
-    make_linear(w_in_out numpy [in, out] fp32, bias numpy [out] | None, dtype) -> lin(x [T, in]) -> [T, out];
+    make_linear(w_in_out numpy [in, out] fp32, bias numpy [out] | None, dtype) -> lin(x [T, in]) -> [T, out]
+        (lin.kind, lin.in_features, lin.out_features: how it stores its weights, linear.py);
     make_lm_head(weight [V, H] tensor) -> head(hidden [B, H]) -> logits [B, V];
     rotary_inputs(table: RotaryTable, positions [T], dtype) -> RotaryInputs;
     qkv_rotary_write(qkv [T, (nh+2kvh)d], rot, k_cache, v_cache, slot_mapping [T], nh, kvh, d,

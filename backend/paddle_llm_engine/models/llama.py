@@ -168,11 +168,7 @@ class LlamaForCausalLM:
 
         layers = [StackLayer(lay.in_norm, lay.post_norm, lay.q_norm, lay.k_norm, lay.qkv, lay.o, lay.mlp.gate_up,
                              lay.mlp.down) for lay in self.layers]
-        gate_up = self.layers[0].mlp.gate_up
-        w = gate_up.weight if hasattr(gate_up, "weight") else getattr(gate_up, "qweight", None)
-        if w is None:
-            return None, f"off (gate_up is a {type(gate_up).__name__})"
-        inter = w.shape[0] // 2  # [2I, H] in every CPU linear's layout (the stack checks each layer)
+        inter = self.layers[0].mlp.gate_up.out_features // 2  # [H] -> [2I] (the stack checks each layer)
         stack, info = self.ops.make_decode_stack(layers, self.norm, self.cfg.hidden_size, inter, self.num_heads,
                                                  self.num_kv_heads, self.head_dim, self.cfg.rms_norm_eps, self.scale)
         return stack, (info if stack is not None else f"off ({info})")
