@@ -4,7 +4,9 @@
 - the worker (paddle_llm_engine/worker/) and the model's tensor parallelism (paddle_llm_engine/tp/)
   never import each other, and neither imports the executors;
 - a worker never sees a request: nothing in worker/ imports the sampler, Sequence, the scheduler or
-  the request modules; the engine imports only the sampler's public names."""
+  the request modules; the engine imports only the sampler's public names;
+- no import cycle inside paddle_llm_ops, each subpackage and each root module one node (issue
+  "Structure III")."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE = ROOT / "backend" / "paddle_llm_engine"
+OPS = ROOT / "ops" / "paddle_llm_ops"
 MAX_FUNCTION_LINES = 60
 
 
@@ -67,3 +70,37 @@ def test_the_worker_never_sees_requests_and_the_engine_only_the_samplers_public_
         assert not bad, bad
     from_sampler = [names for m, names in _imports(ENGINE / "engine.py") if m == "paddle_llm_engine.sampler"]
     assert from_sampler and all(not n.startswith("_") for names in from_sampler for n in names), from_sampler
+
+
+def _ops_node(module: str) -> str | None:
+    """The node of a paddle_llm_ops module: its subpackage or root module (None: the package itself
+    or another package)."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "paddle_llm_ops" and len(parts) > 1 else None
+
+
+def test_the_ops_subpackages_and_modules_import_no_cycle():
+    edges: dict[str, set[str]] = {}
+    for p in _python_files(OPS):
+        rel = p.relative_to(OPS).parts
+        src = rel[0][:-3] if len(rel) == 1 else rel[0]
+        for module, names in _imports(p):
+            # `from paddle_llm_ops import cpu_kernels` imports the subpackage named
+            targets = [f"{module}.{n}" for n in names] if module == "paddle_llm_ops" else [module]
+            for dst in filter(None, map(_ops_node, targets)):
+                if dst != src and ((OPS / dst).is_dir() or (OPS / f"{dst}.py").is_file()):
+                    edges.setdefault(src, set()).add(dst)
+
+    def reaches(a: str, b: str) -> bool:
+        seen, todo = set(), [a]
+        while todo:
+            for n in edges.get(todo.pop(), ()):
+                if n == b:
+                    return True
+                if n not in seen:
+                    seen.add(n)
+                    todo.append(n)
+        return False
+
+    cycles = sorted(f"{a} <-> {b}" for a in edges for b in edges[a] if a < b and reaches(b, a))
+    assert not cycles, cycles
