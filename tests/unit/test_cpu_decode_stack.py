@@ -22,6 +22,8 @@ import paddle_llm_ops.cpu_kernels as ck
 from paddle_llm_engine.config import ModelConfig
 from paddle_llm_engine.models import build_model
 from paddle_llm_engine.models.attention_metadata import AttentionMetadata
+from paddle_llm_engine.tp.model import build_tp_model
+from paddle_llm_engine.tp.shard import ShardPlan
 from paddle_llm_ops import build_opset
 from test_cpu_kernels import ISA_PARAMS
 
@@ -158,16 +160,15 @@ def test_stack_describes_itself_and_is_off_where_it_does_not_apply(checkpoints):
     assert composed.decode_stack is None and composed.decode_stack_info.startswith("off (the OpSet has none")
     moe_dir = str(tc.make_checkpoint("qwen3_moe", Path(checkpoints["qwen3"]).parent / "moe"))
     moe = load(moe_dir, isa)
-    assert moe.decode_stack is None and moe.decode_stack_info == "off (a layer's MLP is not the dense SwiGLU MLP)"
+    assert moe.decode_stack is None and moe.decode_stack_info == "off (Qwen3MoeForCausalLM combines its layers its own way)"
 
-    class Sharded(type(model)):  # tensor parallel's shape: its own reduce of row-parallel outputs
-        def reduce_partial(self, x):
-            return x
-
-    ops = build_opset(cpu_isa=isa, block_size=BLOCK)
-    tp = Sharded(ModelConfig.from_dir(checkpoints["qwen3"]), ops)
+    # tensor parallel: its own reduce of row-parallel outputs (a one-rank shard loads like the whole model)
+    cfg = ModelConfig.from_dir(checkpoints["qwen3"])
+    shard = ShardPlan.make(0, 1, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.vocab_size)
+    tp = build_tp_model(cfg, build_opset(cpu_isa=isa, block_size=BLOCK), "float32", shard)
     tp.load_weights(checkpoints["qwen3"])
-    assert tp.decode_stack is None and tp.decode_stack_info == "off (Sharded overrides reduce_partial)"
+    assert tp.decode_stack is None
+    assert tp.decode_stack_info == "off (TensorParallelQwen3ForCausalLM combines its layers its own way)"
 
 
 def load_composed(model_dir: str):

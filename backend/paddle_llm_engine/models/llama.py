@@ -100,6 +100,10 @@ class LlamaForCausalLM:
 
     # Checkpoint tensors HF's class ignores at load (its _keys_to_ignore_on_load_unexpected), by substring.
     IGNORED_TENSORS: tuple[str, ...] = ()
+    # The forward may hand a step to the OpSet's one-call decoder (make_decode_stack), which runs the
+    # plain dense stack of this class. False in a class that changes how the layers combine (its own
+    # reduce of row-parallel outputs, mixture-of-experts MLPs, its own forward).
+    supports_decode_stack: bool = True
 
     @staticmethod
     def arch_for(cfg: ModelConfig) -> DecoderArch:
@@ -151,19 +155,14 @@ class LlamaForCausalLM:
 
     def _make_decode_stack(self):
         """(the OpSet's one-call decoder for decode-only steps, or None; a line saying which and why).
-        Only for the plain dense decoder this class runs: a subclass that changes how the layers
-        combine (tensor parallel's reduce, mixture-of-experts MLPs, its own forward) keeps the
-        op-by-op path."""
+        Only for a class whose supports_decode_stack says it runs the plain dense decoder; the
+        OpSet's stack checks each linear's declared kind and layout."""
         if self.ops.make_decode_stack is None:
             return None, "off (the OpSet has none: composed or device kernels)"
-        cls = type(self)
-        for name in ("forward", "reduce_partial", "embed_tokens"):
-            if getattr(cls, name) is not getattr(LlamaForCausalLM, name):
-                return None, f"off ({cls.__name__} overrides {name})"
+        if not self.supports_decode_stack:
+            return None, f"off ({type(self).__name__} combines its layers its own way)"
         if self.dtype != "float32":
             return None, f"off (compute dtype {self.dtype})"
-        if any(type(layer.mlp) is not DenseMLP for layer in self.layers):
-            return None, "off (a layer's MLP is not the dense SwiGLU MLP)"
         from paddle_llm_ops.cpu_kernels.decode_stack import StackLayer
 
         layers = [StackLayer(lay.in_norm, lay.post_norm, lay.q_norm, lay.k_norm, lay.qkv, lay.o, lay.mlp.gate_up,
