@@ -75,10 +75,11 @@ class OpSet:
         q_norm, k_norm, eps) -> q [T, nh, d] rotated (k rotated and v written into the caches);
     attention(q [T, nh, d], k_cache, v_cache, meta, scale) -> [T, nh*d]: causal attention of every
         token of the step over its sequence's cached context (meta: the step's AttentionMetadata);
-    attention_metadata: which fields of AttentionMetadata the worker fills once per step:
-        "slots" (decode_slots, decode_mask, prefill chunks' context slots), "block_tables"
-        (decode_block_tables, decode_context_lens, prefill chunks) or "flash" (cu_seqlens_q,
-        seqused_k, block_table, max_seqlen_q/k; slot_mapping int32);
+    attention_metadata: the form of the step's metadata the worker builds once per step and
+        `attention` reads: "slots" (decode_slots, decode_mask, prefill chunks' context slots),
+        "block_tables" (decode_block_tables, decode_context_lens, prefill chunks; with per-row
+        tables for steps with few short prompt rows) or "flash" (cu_seqlens_q, seqused_k,
+        block_table, max_seqlen_q/k; slot_mapping int32);
     kv_layout: "heads_slots" (each cache [kvh, num_blocks * block_size, d]) or "blocks"
         ([num_blocks, block_size, kvh, d], the gcu kernels'); the worker allocates and copies by it;
     write_kv as in kv_cache.py; moe_experts: the mixture-of-experts expert kernel (moe.MoEKernel);

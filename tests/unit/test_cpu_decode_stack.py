@@ -21,7 +21,7 @@ import pytest
 import paddle_llm_ops.cpu_kernels as ck
 from paddle_llm_engine.config import ModelConfig
 from paddle_llm_engine.models import build_model
-from paddle_llm_engine.models.attention_metadata import AttentionMetadata
+from paddle_llm_engine.models.attention_metadata import BlockTablesMetadata, RowTablesMetadata, SlotsMetadata
 from paddle_llm_engine.tp.model import build_tp_model
 from paddle_llm_engine.tp.shard import ShardPlan
 from paddle_llm_ops import build_opset
@@ -109,9 +109,9 @@ def decode_step(context_lens: list[int], rng, num_blocks: int = NUM_BLOCKS):
     assert used <= num_blocks
     positions = np.array([n - 1 for n in context_lens], np.int64)
     slots = np.array([tables[i, p // BLOCK] * BLOCK + p % BLOCK for i, p in enumerate(positions)], np.int64)
-    meta = AttentionMetadata(slot_mapping=paddle.to_tensor(slots), num_decodes=b,
-                             decode_block_tables=paddle.to_tensor(tables),
-                             decode_context_lens=paddle.to_tensor(np.array(context_lens, np.int32)))
+    meta = BlockTablesMetadata(slot_mapping=paddle.to_tensor(slots), num_decodes=b,
+                               decode_block_tables=paddle.to_tensor(tables),
+                               decode_context_lens=paddle.to_tensor(np.array(context_lens, np.int32)))
     ids = paddle.to_tensor(rng.integers(3, tc.VOCAB, size=b).astype(np.int64))
     return ids, paddle.to_tensor(positions), meta
 
@@ -241,7 +241,7 @@ def test_a_step_with_a_short_prompt_chunk_runs_on_the_stack(checkpoints, quantiz
     positions = np.array([pos_a] + list(range(start_b, start_b + n_b)), np.int64)
     slots = np.array([slot(0, pos_a)] + [slot(1, p) for p in range(start_b, start_b + n_b)], np.int64)
     ctx_b = np.array([slot(1, p) for p in range(start_b + n_b)], np.int64)
-    meta = AttentionMetadata(slot_mapping=paddle.to_tensor(slots), num_decodes=1,
+    meta = RowTablesMetadata(slot_mapping=paddle.to_tensor(slots), num_decodes=1,
                              decode_block_tables=paddle.to_tensor(tables[:1, :2].copy()),
                              decode_context_lens=paddle.to_tensor(np.array([pos_a + 1], np.int32)),
                              prefills=[PrefillChunk(1, n_b, start_b, paddle.to_tensor(ctx_b))],
@@ -278,11 +278,14 @@ def test_row_tables_only_for_steps_with_few_short_prompt_rows():
         return Step(seqs)
 
     small = wi.pack_step(step(5, 8), BLOCK, "block_tables").meta
+    assert isinstance(small, RowTablesMetadata)
     assert small.row_context_lens.numpy().tolist() == [21, 9, 10, 11, 12, 13]
     assert small.row_block_tables.numpy()[1:, 0].tolist() == [10] * 5
-    assert wi.pack_step(step(wi.ROW_TABLES_MAX_PROMPT_ROWS + 1), BLOCK, "block_tables").meta.row_block_tables is None
-    assert wi.pack_step(step(4, wi.ROW_TABLES_MAX_CONTEXT), BLOCK, "block_tables").meta.row_block_tables is None
-    assert wi.pack_step(step(5, 8), BLOCK, "slots").meta.row_block_tables is None
+    for big in (step(wi.ROW_TABLES_MAX_PROMPT_ROWS + 1), step(4, wi.ROW_TABLES_MAX_CONTEXT)):
+        meta = wi.pack_step(big, BLOCK, "block_tables").meta
+        assert type(meta) is BlockTablesMetadata and not hasattr(meta, "row_block_tables")
+    meta = wi.pack_step(step(5, 8), BLOCK, "slots").meta
+    assert isinstance(meta, SlotsMetadata) and not hasattr(meta, "row_block_tables")
 
 
 class _Alternating:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import paddle
 
+from paddle_llm_engine.models.attention_metadata import FlashMetadata
 from paddle_llm_engine.step import SeqStep, Step
 from paddle_llm_engine.worker.inputs import pack_step
 from paddle_llm_ops.kv_cache import copy_blocks
@@ -32,7 +33,8 @@ def test_flash_metadata_of_a_mixed_step():
     assert m.block_table.dtype == paddle.int32
     assert m.block_table.numpy().tolist() == [[7, 2], [4, 0], [9, 1], [3, 5]]
     assert (m.max_seqlen_q, m.max_seqlen_k, m.num_decodes) == (5, 7, 2)
-    assert m.prefills == [] and m.decode_slots is None
+    # one form for the whole step: no prompt chunks or decode slots of the other forms
+    assert isinstance(m, FlashMetadata) and not hasattr(m, "prefills") and not hasattr(m, "decode_slots")
     assert inp.last_rows.tolist() == [0, 1, 6]  # "d" does not sample this step
 
 

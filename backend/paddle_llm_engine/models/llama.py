@@ -18,7 +18,7 @@ import paddle
 from paddle_llm_ops.host_tensor import from_numpy
 from paddle_llm_engine.config import ModelConfig
 from paddle_llm_engine.models.arch import DecoderArch
-from paddle_llm_engine.models.attention_metadata import AttentionMetadata
+from paddle_llm_engine.models.attention_metadata import AttentionMetadata, BlockTablesMetadata, RowTablesMetadata
 from paddle_llm_engine.models.weights import CheckpointReader
 from paddle_llm_ops import COMPOSED, OpSet, RotaryTable, interleaved_to_half_order
 
@@ -88,6 +88,17 @@ class LlamaLayer:
         self.o = ops.make_linear(r.linear(a + "o_proj.weight"), r.get(a + "o_proj.bias") if arch.o_bias else None,
                                  dtype)
         self.mlp = mlp if mlp is not None else DenseMLP(r, p + "mlp.", arch.mlp_bias, dtype, ops)
+
+
+def _row_tables(meta: AttentionMetadata, rows: int) -> tuple[paddle.Tensor, paddle.Tensor] | None:
+    """(block tables [rows, max_blocks] int32, context lengths [rows] int32) giving each of the
+    step's rows its own: a RowTablesMetadata step's row tables, a decode-only "block_tables" step's
+    decode tables (each row one sequence's next token); None for every other step."""
+    if isinstance(meta, RowTablesMetadata):
+        return meta.row_block_tables, meta.row_context_lens
+    if isinstance(meta, BlockTablesMetadata) and not meta.prefills and meta.num_decodes == rows:
+        return meta.decode_block_tables, meta.decode_context_lens
+    return None
 
 
 class LlamaForCausalLM:
@@ -191,24 +202,21 @@ class LlamaForCausalLM:
 
     def forward(self, input_ids: paddle.Tensor, positions: paddle.Tensor, meta: AttentionMetadata,
                 kv_caches: list[tuple[paddle.Tensor, paddle.Tensor]]) -> paddle.Tensor:
+        """input_ids [T] int64, positions [T] int64, meta: the step's metadata in the OpSet's form,
+        kv_caches [(k, v)] per layer (written with this step's keys and values) -> hidden [T, H]
+        after the final norm. Steps whose form gives every row its own block table run on the
+        decode stack when the model has one; the rest layer by layer through the OpSet."""
         eps = self.cfg.rms_norm_eps
         ops = self.ops
         nh, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
         h = self.embed_tokens(input_ids)  # [T, H]: the residual stream
         rot = ops.rotary_inputs(self.rotary, positions, self.dtype)
-        if self.decode_stack is not None:
-            # Every row one sequence's next token (or, with per-row tables, any row as a query over
-            # its own context): the whole stack in one call.
-            tables, lens = None, None
-            if not meta.prefills and meta.num_decodes == h.shape[0]:
-                tables, lens = meta.decode_block_tables, meta.decode_context_lens
-            elif meta.row_block_tables is not None:
-                tables, lens = meta.row_block_tables, meta.row_context_lens
-            if tables is not None:
-                out = self.decode_stack.run(h, rot.positions, rot.table_cos, rot.table_sin, meta.slot_mapping,
-                                            tables, lens, kv_caches)
-                if out is not None:  # None: a batch above the kernels' limit
-                    return out
+        rows = _row_tables(meta, h.shape[0]) if self.decode_stack is not None else None
+        if rows is not None:  # every row a query over its own context: the whole stack in one call
+            out = self.decode_stack.run(h, rot.positions, rot.table_cos, rot.table_sin, meta.slot_mapping, *rows,
+                                        kv_caches)
+            if out is not None:  # None: a batch above the kernels' limit
+                return out
         # Each residual add is fused with the norm that follows it: `delta` is the output not yet
         # added to h (the previous block's MLP; None before the first layer).
         delta = None
