@@ -1,8 +1,8 @@
 """The set of kernels one engine's model calls, chosen once at start by the platform layer.
 
 The model never decides which kernel to run: it calls `ops.rms_norm(...)`, `ops.make_linear(...)`,
-`ops.qkv_rotary_write(...)` and so on, and the worker builds the OpSet from the platform plan
-(paddle_llm_engine.platforms). Two families of kernels fill it:
+`ops.qkv_rotary_write(...)` and so on, and the platform plan builds the OpSet from its decisions
+(paddle_llm_engine.platforms, PlatformPlan.opset). Three families of kernels fill it:
 - composed: Paddle ops (plus Paddle's fused RMSNorm / the GCU plug-in's fused MoE where the
   platform layer verified them), on every place;
 - cpu: the C++ CPU kernels of paddle_llm_ops.cpu_kernels (weight-streaming GEMV, int8 GEMV, fused
@@ -287,7 +287,8 @@ def build_opset(fused_rms_norm: bool = False, kv_gather_dtype: str | None = None
                 cpu_isa: str | None = None, quantization: str = "", block_size: int = 0,
                 gcu_attention: bool = False, gcu_rotary: bool = False, gcu_rms_norm: bool = False,
                 quantization_group_size: int = -1) -> OpSet:
-    """The OpSet for a platform plan's choices.
+    """The OpSet for a platform plan's choices (the flags fused_rms_norm ... gcu_rms_norm are named
+    as the plan's optional kernels).
 
     fused_rms_norm: Paddle's fused kernel (only where the platform layer verified it can run);
     kv_gather_dtype: see kv_cache.gather_kv (None: the cache's own dtype); fused_moe: the GCU
@@ -296,8 +297,9 @@ def build_opset(fused_rms_norm: bool = False, kv_gather_dtype: str | None = None
     ("avx2_fma" | "generic": fp32 compute and an fp32 KV cache only); quantization: "", "wint8" or
     "wint4" (weight-only linears and LM head: the C++ int8 / int4 GEMV with cpu kernels,
     paddle-custom-gcu's linear_quant_gcu otherwise), quantization_group_size: -1 (per output
-    channel) or the group size (resolved by the platform plan); block_size: tokens per KV block (the paged decode kernel); gcu_attention /
-    gcu_rotary / gcu_rms_norm: paddle-custom-gcu's ops (see the module doc; never with cpu_isa).
+    channel) or the group size (resolved by the platform plan); block_size: tokens per KV block (the
+    paged decode kernel); gcu_attention / gcu_rotary / gcu_rms_norm: paddle-custom-gcu's ops (see
+    the module doc; never with cpu_isa).
     Raises ValueError for an unknown quantization, or cpu kernels mixed with gcu ones."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")

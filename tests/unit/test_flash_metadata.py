@@ -70,3 +70,18 @@ def test_opset_layout_and_metadata_follow_the_gcu_kernels():
     assert build_opset(fused_moe=True).moe_routing is custom_ops.topk_softmax
     with pytest.raises(ValueError, match="different places"):
         build_opset(cpu_isa="generic", block_size=BS, gcu_rotary=True)
+
+
+def test_the_platform_plan_builds_its_opset():
+    from paddle_llm_engine.platforms import PlatformPlan
+
+    off = dict.fromkeys(("cpu_kernels", "fused_rms_norm", "fused_moe", "gcu_attention", "gcu_rotary", "gcu_rms_norm"),
+                        False)
+    cpu = PlatformPlan("cpu", "float32", "float32", "float32", kernels={**off, "cpu_kernels": True}, cpu_isa="generic",
+                       quantization="wint8").opset(BS)
+    assert cpu.attention_metadata == "block_tables" and dict(cpu.names)["linear"] == "cpu_int8_generic"
+    # a cache gathered through a same-width view, Paddle's fused RMSNorm
+    fused = PlatformPlan("gcu:0", "bfloat16", "bfloat16", "float16", kernels={**off, "fused_rms_norm": True}).opset(BS)
+    assert dict(fused.names)["kv_gather"] == "float16" and dict(fused.names)["rms_norm"] == "fused"
+    flash = PlatformPlan("gcu:0", "bfloat16", "bfloat16", "bfloat16", kernels={**off, "gcu_attention": True}).opset(BS)
+    assert (flash.attention_metadata, flash.kv_layout) == ("flash", "blocks")

@@ -3,7 +3,7 @@
 `decide()` is a pure function of the facts about a place (CPU flags, Paddle's kernel registry,
 whether Paddle falls back to CPU kernels on a custom device) and of the operator's settings, so the
 logic is tested for hosts we do not have. `plan_for_device()` gathers the facts of this process and
-calls it. Nothing here catches an op's failure to find out whether it works: every optional kernel
+calls it. The plan builds the engine's OpSet (PlatformPlan.opset). Nothing here catches an op's failure to find out whether it works: every optional kernel
 about to be turned on is first checked numerically against the composed ops on this place
 (kernel_checks.py: in a child process where the kernel could kill the process, verdicts of CPU
 kernels cached) and stays off, with the reason, when it disagrees.
@@ -112,6 +112,17 @@ class PlatformPlan:
     def log(self, logger: logging.Logger = log) -> None:
         for line in self.decisions:
             logger.info("platform %s: %s", self.device, line)
+
+    def opset(self, block_size: int):
+        """The OpSet (paddle_llm_ops.OpSet) of this plan's kernels for a KV cache of block_size
+        tokens per block: every optional kernel but cpu_kernels is the build_opset flag of its name;
+        cpu_kernels runs as cpu_isa. Raises ValueError as build_opset."""
+        from paddle_llm_ops import build_opset
+
+        flags = {name: on for name, on in self.kernels.items() if name != "cpu_kernels"}
+        gather = self.kv_gather_dtype if self.kv_gather_dtype != self.kv_cache_dtype else None
+        return build_opset(cpu_isa=self.cpu_isa, kv_gather_dtype=gather, quantization=self.quantization,
+                           quantization_group_size=self.quantization_group_size, block_size=block_size, **flags)
 
 
 def check_settings(dtype: str, kv_cache_dtype: str, quantization: str, quantization_group_size: int = 0) -> int:
