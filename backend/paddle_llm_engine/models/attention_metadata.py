@@ -27,6 +27,9 @@ import paddle
 
 @dataclass
 class PrefillChunk:
+    """One sequence's prompt rows of a step (or its verify rows under speculation), for the
+    "slots" and "block_tables" forms."""
+
     token_start: int      # first row of this chunk in the packed [T, ...] tensors
     num_tokens: int       # rows in this chunk
     start_pos: int        # position of the first row in its sequence
