@@ -8,7 +8,7 @@ import os
 from dataclasses import InitVar, dataclass, field
 
 from paddle_llm_engine.hf_config import read_model_fields
-from paddle_llm_engine.platforms.plan import check_settings
+from paddle_llm_engine.platforms.settings import check_settings
 
 log = logging.getLogger(__name__)
 

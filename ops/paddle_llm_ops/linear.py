@@ -13,6 +13,12 @@ kernel reads and returns a callable `lin(x [T, in]) -> [T, out]`:
 - Int4Linear: weight-only int4 (symmetric, one fp32 scale per group of input channels or per output
   channel), the C++ CPU int4 GEMV (cpu_kernels.linear_int4), an eighth of the fp32 bytes plus scales;
 - on a GCU, quantized linears are paddle_llm_ops.gcu.linear_quant.GcuQuantLinear (linear_quant_gcu).
+
+Every linear declares in_features / out_features and its `kind`, which names how its weights are
+stored, for code that reads them without calling the linear (the CPU decode stack):
+"composed" (weight [in, out] in the compute dtype), "fp32" (weight [out, in] fp32), "int8" and
+"w8a8" (qweight [out, in] int8, scale [out] fp32; w8a8 quantizes activations to int8 per call),
+"int4" (qweight [out, ceil(in/2)] uint8, scale [out, groups] fp32), "linear_quant_gcu".
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import numpy as np
 import paddle
 
 from paddle_llm_ops.host_tensor import from_numpy
+
 
 def _const(t: paddle.Tensor) -> paddle.Tensor:
     t.stop_gradient = True
@@ -41,6 +48,7 @@ class ComposedLinear:
 
     def __init__(self, w_in_out: np.ndarray, bias: np.ndarray | None, dtype: str):
         t = from_numpy(np.ascontiguousarray(w_in_out, dtype=np.float32))
+        self.in_features, self.out_features = t.shape
         self.weight = _const(t if dtype == "float32" else t.astype(dtype))
         self.bias = _bias(bias, dtype)
 
@@ -53,10 +61,11 @@ class GemvLinear:
     """y = x @ W (+ b) through cpu_kernels.linear; weight stored [out, in] fp32 (transposed once at
     load). isa: the dispatch path the platform layer chose ("avx2_fma" | "generic")."""
 
-    kind = "gemv"
+    kind = "fp32"
 
     def __init__(self, w_in_out: np.ndarray, bias: np.ndarray | None, isa: str):
         self.weight = _const(from_numpy(np.ascontiguousarray(np.asarray(w_in_out, np.float32).T)))
+        self.out_features, self.in_features = self.weight.shape
         self.bias = _bias(bias, "float32")
         self.isa = isa
 
@@ -75,9 +84,8 @@ class Int8Linear:
     keeps x in fp32 (cpu_kernels.linear_int8, the weight-only GEMV: int8 widened to fp32); None (the
     default) picks "int8" on the isas of cpu_kernels.W8A8_ISAS and "fp32" on "generic". Both use the
     same stored weights; above cpu_kernels.GEMV_INT8_MAX_BATCH rows (prefill) both multiply fp32
-    activations by the dequantized weight. Raises ValueError for another activations value."""
-
-    kind = "int8"
+    activations by the dequantized weight. kind: "w8a8" with int8 activations, else "int8".
+    Raises ValueError for another activations value."""
 
     def __init__(self, w_in_out: np.ndarray, bias: np.ndarray | None, isa: str, activations: str | None = None):
         from paddle_llm_ops import cpu_kernels
@@ -88,9 +96,11 @@ class Int8Linear:
             raise ValueError(f"Int8Linear activations must be 'int8' or 'fp32', got {activations!r}")
         q, scale = cpu_kernels.quantize_int8_numpy(np.asarray(w_in_out, np.float32).T)
         self.qweight, self.scale = _const(from_numpy(q)), _const(from_numpy(scale))
+        self.out_features, self.in_features = q.shape
         self.bias = _bias(bias, "float32")
         self.isa = isa
         self.activations = activations
+        self.kind = "w8a8" if activations == "int8" else "int8"
 
     def __call__(self, x: paddle.Tensor) -> paddle.Tensor:
         from paddle_llm_ops import cpu_kernels
@@ -128,6 +138,7 @@ class Int4Linear:
         w = np.asarray(w_in_out, np.float32).T
         q, scale = cpu_kernels.quantize_int4_numpy(w, group_size_for(w.shape[1], group_size))
         self.qweight, self.scale = _const(from_numpy(q)), _const(from_numpy(scale))
+        self.out_features, self.in_features = w.shape
         self.bias = _bias(bias, "float32")
         self.isa = isa
 

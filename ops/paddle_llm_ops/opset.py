@@ -1,8 +1,8 @@
 """The set of kernels one engine's model calls, chosen once at start by the platform layer.
 
 The model never decides which kernel to run: it calls `ops.rms_norm(...)`, `ops.make_linear(...)`,
-`ops.qkv_rotary_write(...)` and so on, and the worker builds the OpSet from the platform plan
-(paddle_llm_engine.platforms). Two families of kernels fill it:
+`ops.qkv_rotary_write(...)` and so on, and the platform plan builds the OpSet from its decisions
+(paddle_llm_engine.platforms, PlatformPlan.opset). Three families of kernels fill it:
 - composed: Paddle ops (plus Paddle's fused RMSNorm / the GCU plug-in's fused MoE where the
   platform layer verified them), on every place;
 - cpu: the C++ CPU kernels of paddle_llm_ops.cpu_kernels (weight-streaming GEMV, int8 GEMV, fused
@@ -67,17 +67,19 @@ class OpSet:
     """The kernels of one engine. Signatures (T tokens, H hidden, d head_dim):
     rms_norm(x [T, H], weight [H], eps) -> [T, H];
     add_rms_norm(delta [T, H], residual [T, H], weight, eps) -> (rms_norm(residual + delta), residual + delta);
-    make_linear(w_in_out numpy [in, out] fp32, bias numpy [out] | None, dtype) -> lin(x [T, in]) -> [T, out];
+    make_linear(w_in_out numpy [in, out] fp32, bias numpy [out] | None, dtype) -> lin(x [T, in]) -> [T, out]
+        (lin.kind, lin.in_features, lin.out_features: how it stores its weights, linear.py);
     make_lm_head(weight [V, H] tensor) -> head(hidden [B, H]) -> logits [B, V];
     rotary_inputs(table: RotaryTable, positions [T], dtype) -> RotaryInputs;
     qkv_rotary_write(qkv [T, (nh+2kvh)d], rot, k_cache, v_cache, slot_mapping [T], nh, kvh, d,
         q_norm, k_norm, eps) -> q [T, nh, d] rotated (k rotated and v written into the caches);
     attention(q [T, nh, d], k_cache, v_cache, meta, scale) -> [T, nh*d]: causal attention of every
         token of the step over its sequence's cached context (meta: the step's AttentionMetadata);
-    attention_metadata: which fields of AttentionMetadata the worker fills once per step:
-        "slots" (decode_slots, decode_mask, prefill chunks' context slots), "block_tables"
-        (decode_block_tables, decode_context_lens, prefill chunks) or "flash" (cu_seqlens_q,
-        seqused_k, block_table, max_seqlen_q/k; slot_mapping int32);
+    attention_metadata: the form of the step's metadata the worker builds once per step and
+        `attention` reads: "slots" (decode_slots, decode_mask, prefill chunks' context slots),
+        "block_tables" (decode_block_tables, decode_context_lens, prefill chunks; with per-row
+        tables for steps with few short prompt rows) or "flash" (cu_seqlens_q, seqused_k,
+        block_table, max_seqlen_q/k; slot_mapping int32);
     kv_layout: "heads_slots" (each cache [kvh, num_blocks * block_size, d]) or "blocks"
         ([num_blocks, block_size, kvh, d], the gcu kernels'); the worker allocates and copies by it;
     write_kv as in kv_cache.py; moe_experts: the mixture-of-experts expert kernel (moe.MoEKernel);
@@ -285,7 +287,8 @@ def build_opset(fused_rms_norm: bool = False, kv_gather_dtype: str | None = None
                 cpu_isa: str | None = None, quantization: str = "", block_size: int = 0,
                 gcu_attention: bool = False, gcu_rotary: bool = False, gcu_rms_norm: bool = False,
                 quantization_group_size: int = -1) -> OpSet:
-    """The OpSet for a platform plan's choices.
+    """The OpSet for a platform plan's choices (the flags fused_rms_norm ... gcu_rms_norm are named
+    as the plan's optional kernels).
 
     fused_rms_norm: Paddle's fused kernel (only where the platform layer verified it can run);
     kv_gather_dtype: see kv_cache.gather_kv (None: the cache's own dtype); fused_moe: the GCU
@@ -294,8 +297,9 @@ def build_opset(fused_rms_norm: bool = False, kv_gather_dtype: str | None = None
     ("avx2_fma" | "generic": fp32 compute and an fp32 KV cache only); quantization: "", "wint8" or
     "wint4" (weight-only linears and LM head: the C++ int8 / int4 GEMV with cpu kernels,
     paddle-custom-gcu's linear_quant_gcu otherwise), quantization_group_size: -1 (per output
-    channel) or the group size (resolved by the platform plan); block_size: tokens per KV block (the paged decode kernel); gcu_attention /
-    gcu_rotary / gcu_rms_norm: paddle-custom-gcu's ops (see the module doc; never with cpu_isa).
+    channel) or the group size (resolved by the platform plan); block_size: tokens per KV block (the
+    paged decode kernel); gcu_attention / gcu_rotary / gcu_rms_norm: paddle-custom-gcu's ops (see
+    the module doc; never with cpu_isa).
     Raises ValueError for an unknown quantization, or cpu kernels mixed with gcu ones."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")

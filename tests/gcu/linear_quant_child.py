@@ -27,8 +27,8 @@ def run_case(bits: int, group_size: int, dtype: str) -> dict:
     import paddle
 
     import paddle_custom_device.gcu.ops as wheel
-    from paddle_llm_ops.gcu.linear_quant import (GcuQuantLinear, check_gcu_linear_quant, dequantize_linear_quant,
-                                                 quantize_for_linear_quant)
+    from paddle_llm_ops.gcu.linear_quant import GcuQuantLinear, dequantize_linear_quant, quantize_for_linear_quant
+    from paddle_llm_ops.kernel_checks.gcu import check_gcu_linear_quant
 
     diff, ref = check_gcu_linear_quant(dtype, bits, group_size)
     rng = np.random.default_rng(bits * 1000 + group_size)

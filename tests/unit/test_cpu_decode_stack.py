@@ -21,7 +21,9 @@ import pytest
 import paddle_llm_ops.cpu_kernels as ck
 from paddle_llm_engine.config import ModelConfig
 from paddle_llm_engine.models import build_model
-from paddle_llm_engine.models.attention_metadata import AttentionMetadata
+from paddle_llm_engine.models.attention_metadata import BlockTablesMetadata, RowTablesMetadata, SlotsMetadata
+from paddle_llm_engine.tp.model import build_tp_model
+from paddle_llm_engine.tp.shard import ShardPlan
 from paddle_llm_ops import build_opset
 from test_cpu_kernels import ISA_PARAMS
 
@@ -107,9 +109,9 @@ def decode_step(context_lens: list[int], rng, num_blocks: int = NUM_BLOCKS):
     assert used <= num_blocks
     positions = np.array([n - 1 for n in context_lens], np.int64)
     slots = np.array([tables[i, p // BLOCK] * BLOCK + p % BLOCK for i, p in enumerate(positions)], np.int64)
-    meta = AttentionMetadata(slot_mapping=paddle.to_tensor(slots), num_decodes=b,
-                             decode_block_tables=paddle.to_tensor(tables),
-                             decode_context_lens=paddle.to_tensor(np.array(context_lens, np.int32)))
+    meta = BlockTablesMetadata(slot_mapping=paddle.to_tensor(slots), num_decodes=b,
+                               decode_block_tables=paddle.to_tensor(tables),
+                               decode_context_lens=paddle.to_tensor(np.array(context_lens, np.int32)))
     ids = paddle.to_tensor(rng.integers(3, tc.VOCAB, size=b).astype(np.int64))
     return ids, paddle.to_tensor(positions), meta
 
@@ -158,16 +160,15 @@ def test_stack_describes_itself_and_is_off_where_it_does_not_apply(checkpoints):
     assert composed.decode_stack is None and composed.decode_stack_info.startswith("off (the OpSet has none")
     moe_dir = str(tc.make_checkpoint("qwen3_moe", Path(checkpoints["qwen3"]).parent / "moe"))
     moe = load(moe_dir, isa)
-    assert moe.decode_stack is None and moe.decode_stack_info == "off (a layer's MLP is not the dense SwiGLU MLP)"
+    assert moe.decode_stack is None and moe.decode_stack_info == "off (Qwen3MoeForCausalLM combines its layers its own way)"
 
-    class Sharded(type(model)):  # tensor parallel's shape: its own reduce of row-parallel outputs
-        def reduce_partial(self, x):
-            return x
-
-    ops = build_opset(cpu_isa=isa, block_size=BLOCK)
-    tp = Sharded(ModelConfig.from_dir(checkpoints["qwen3"]), ops)
+    # tensor parallel: its own reduce of row-parallel outputs (a one-rank shard loads like the whole model)
+    cfg = ModelConfig.from_dir(checkpoints["qwen3"])
+    shard = ShardPlan.make(0, 1, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.vocab_size)
+    tp = build_tp_model(cfg, build_opset(cpu_isa=isa, block_size=BLOCK), "float32", shard)
     tp.load_weights(checkpoints["qwen3"])
-    assert tp.decode_stack is None and tp.decode_stack_info == "off (Sharded overrides reduce_partial)"
+    assert tp.decode_stack is None
+    assert tp.decode_stack_info == "off (TensorParallelQwen3ForCausalLM combines its layers its own way)"
 
 
 def load_composed(model_dir: str):
@@ -240,7 +241,7 @@ def test_a_step_with_a_short_prompt_chunk_runs_on_the_stack(checkpoints, quantiz
     positions = np.array([pos_a] + list(range(start_b, start_b + n_b)), np.int64)
     slots = np.array([slot(0, pos_a)] + [slot(1, p) for p in range(start_b, start_b + n_b)], np.int64)
     ctx_b = np.array([slot(1, p) for p in range(start_b + n_b)], np.int64)
-    meta = AttentionMetadata(slot_mapping=paddle.to_tensor(slots), num_decodes=1,
+    meta = RowTablesMetadata(slot_mapping=paddle.to_tensor(slots), num_decodes=1,
                              decode_block_tables=paddle.to_tensor(tables[:1, :2].copy()),
                              decode_context_lens=paddle.to_tensor(np.array([pos_a + 1], np.int32)),
                              prefills=[PrefillChunk(1, n_b, start_b, paddle.to_tensor(ctx_b))],
@@ -277,11 +278,14 @@ def test_row_tables_only_for_steps_with_few_short_prompt_rows():
         return Step(seqs)
 
     small = wi.pack_step(step(5, 8), BLOCK, "block_tables").meta
+    assert isinstance(small, RowTablesMetadata)
     assert small.row_context_lens.numpy().tolist() == [21, 9, 10, 11, 12, 13]
     assert small.row_block_tables.numpy()[1:, 0].tolist() == [10] * 5
-    assert wi.pack_step(step(wi.ROW_TABLES_MAX_PROMPT_ROWS + 1), BLOCK, "block_tables").meta.row_block_tables is None
-    assert wi.pack_step(step(4, wi.ROW_TABLES_MAX_CONTEXT), BLOCK, "block_tables").meta.row_block_tables is None
-    assert wi.pack_step(step(5, 8), BLOCK, "slots").meta.row_block_tables is None
+    for big in (step(wi.ROW_TABLES_MAX_PROMPT_ROWS + 1), step(4, wi.ROW_TABLES_MAX_CONTEXT)):
+        meta = wi.pack_step(big, BLOCK, "block_tables").meta
+        assert type(meta) is BlockTablesMetadata and not hasattr(meta, "row_block_tables")
+    meta = wi.pack_step(step(5, 8), BLOCK, "slots").meta
+    assert isinstance(meta, SlotsMetadata) and not hasattr(meta, "row_block_tables")
 
 
 class _Alternating:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import paddle
 
+from paddle_llm_engine.models.attention_metadata import FlashMetadata
 from paddle_llm_engine.step import SeqStep, Step
 from paddle_llm_engine.worker.inputs import pack_step
 from paddle_llm_ops.kv_cache import copy_blocks
@@ -32,7 +33,8 @@ def test_flash_metadata_of_a_mixed_step():
     assert m.block_table.dtype == paddle.int32
     assert m.block_table.numpy().tolist() == [[7, 2], [4, 0], [9, 1], [3, 5]]
     assert (m.max_seqlen_q, m.max_seqlen_k, m.num_decodes) == (5, 7, 2)
-    assert m.prefills == [] and m.decode_slots is None
+    # one form for the whole step: no prompt chunks or decode slots of the other forms
+    assert isinstance(m, FlashMetadata) and not hasattr(m, "prefills") and not hasattr(m, "decode_slots")
     assert inp.last_rows.tolist() == [0, 1, 6]  # "d" does not sample this step
 
 
@@ -68,3 +70,18 @@ def test_opset_layout_and_metadata_follow_the_gcu_kernels():
     assert build_opset(fused_moe=True).moe_routing is custom_ops.topk_softmax
     with pytest.raises(ValueError, match="different places"):
         build_opset(cpu_isa="generic", block_size=BS, gcu_rotary=True)
+
+
+def test_the_platform_plan_builds_its_opset():
+    from paddle_llm_engine.platforms import PlatformPlan
+
+    off = dict.fromkeys(("cpu_kernels", "fused_rms_norm", "fused_moe", "gcu_attention", "gcu_rotary", "gcu_rms_norm"),
+                        False)
+    cpu = PlatformPlan("cpu", "float32", "float32", "float32", kernels={**off, "cpu_kernels": True}, cpu_isa="generic",
+                       quantization="wint8").opset(BS)
+    assert cpu.attention_metadata == "block_tables" and dict(cpu.names)["linear"] == "cpu_int8_generic"
+    # a cache gathered through a same-width view, Paddle's fused RMSNorm
+    fused = PlatformPlan("gcu:0", "bfloat16", "bfloat16", "float16", kernels={**off, "fused_rms_norm": True}).opset(BS)
+    assert dict(fused.names)["kv_gather"] == "float16" and dict(fused.names)["rms_norm"] == "fused"
+    flash = PlatformPlan("gcu:0", "bfloat16", "bfloat16", "bfloat16", kernels={**off, "gcu_attention": True}).opset(BS)
+    assert (flash.attention_metadata, flash.kv_layout) == ("flash", "blocks")

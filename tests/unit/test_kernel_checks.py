@@ -17,7 +17,7 @@ import pytest
 import kernel_check_fakes as fakes
 from paddle_llm_engine.platforms import KernelRegistry, PlaceFacts, PlatformError, cpu_features, decide, parse_cpuinfo
 from paddle_llm_engine.platforms import kernel_checks as kc
-from paddle_llm_engine.platforms.plan import plan_for_device
+from paddle_llm_engine.platforms.process_plan import plan_for_device
 from paddle_llm_ops import kernel_checks as registry
 from test_platform_plan import CPU_REGISTRY, EPYC_AVX2, XEON_AVX512
 

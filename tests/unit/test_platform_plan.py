@@ -13,7 +13,8 @@ from paddle_llm_engine import EngineConfig, LLMEngine
 from paddle_llm_engine.platforms import KernelRegistry, PlaceFacts, PlatformError, decide, parse_cpuinfo
 from paddle_llm_engine.platforms import cpu_features
 from paddle_llm_engine.platforms.kernel_checks import ChildVerdict
-from paddle_llm_engine.platforms.plan import COMPUTE_OPS, FUSED_MOE_OPS, KV_WRITE_OPS, plan_for_device
+from paddle_llm_engine.platforms.plan import COMPUTE_OPS, FUSED_MOE_OPS, KV_WRITE_OPS
+from paddle_llm_engine.platforms.process_plan import plan_for_device
 
 # /proc/cpuinfo of the AVX2-only AMD EPYC (family 25) on which Paddle's fused RMSNorm died with SIGILL.
 EPYC_AVX2 = """processor	: 0
@@ -60,7 +61,7 @@ def facts(cpuinfo: str, device: str = "cpu", registry: dict | None = None, fallb
 
 def kernels_on(**on) -> dict[str, bool]:
     """plan.kernels with every optional kernel off except those given."""
-    from paddle_llm_engine.platforms.plan import OPTIONAL_KERNELS
+    from paddle_llm_engine.platforms.settings import OPTIONAL_KERNELS
 
     return {name: bool(on.get(name, False)) for name in OPTIONAL_KERNELS}
 

@@ -18,7 +18,7 @@ import paddle
 from paddle_llm_ops.host_tensor import from_numpy
 from paddle_llm_engine.config import ModelConfig
 from paddle_llm_engine.models.arch import DecoderArch
-from paddle_llm_engine.models.attention_metadata import AttentionMetadata
+from paddle_llm_engine.models.attention_metadata import AttentionMetadata, BlockTablesMetadata, RowTablesMetadata
 from paddle_llm_engine.models.weights import CheckpointReader
 from paddle_llm_ops import COMPOSED, OpSet, RotaryTable, interleaved_to_half_order
 
@@ -90,6 +90,17 @@ class LlamaLayer:
         self.mlp = mlp if mlp is not None else DenseMLP(r, p + "mlp.", arch.mlp_bias, dtype, ops)
 
 
+def _row_tables(meta: AttentionMetadata, rows: int) -> tuple[paddle.Tensor, paddle.Tensor] | None:
+    """(block tables [rows, max_blocks] int32, context lengths [rows] int32) giving each of the
+    step's rows its own: a RowTablesMetadata step's row tables, a decode-only "block_tables" step's
+    decode tables (each row one sequence's next token); None for every other step."""
+    if isinstance(meta, RowTablesMetadata):
+        return meta.row_block_tables, meta.row_context_lens
+    if isinstance(meta, BlockTablesMetadata) and not meta.prefills and meta.num_decodes == rows:
+        return meta.decode_block_tables, meta.decode_context_lens
+    return None
+
+
 class LlamaForCausalLM:
     """forward(input_ids [T] int64, positions [T] int64, meta, kv_caches) -> hidden [T, H] fp32;
     compute_logits(hidden [B, H]) -> [B, V] fp32.
@@ -100,6 +111,10 @@ class LlamaForCausalLM:
 
     # Checkpoint tensors HF's class ignores at load (its _keys_to_ignore_on_load_unexpected), by substring.
     IGNORED_TENSORS: tuple[str, ...] = ()
+    # The forward may hand a step to the OpSet's one-call decoder (make_decode_stack), which runs the
+    # plain dense stack of this class. False in a class that changes how the layers combine (its own
+    # reduce of row-parallel outputs, mixture-of-experts MLPs, its own forward).
+    supports_decode_stack: bool = True
 
     @staticmethod
     def arch_for(cfg: ModelConfig) -> DecoderArch:
@@ -151,28 +166,19 @@ class LlamaForCausalLM:
 
     def _make_decode_stack(self):
         """(the OpSet's one-call decoder for decode-only steps, or None; a line saying which and why).
-        Only for the plain dense decoder this class runs: a subclass that changes how the layers
-        combine (tensor parallel's reduce, mixture-of-experts MLPs, its own forward) keeps the
-        op-by-op path."""
+        Only for a class whose supports_decode_stack says it runs the plain dense decoder; the
+        OpSet's stack checks each linear's declared kind and layout."""
         if self.ops.make_decode_stack is None:
             return None, "off (the OpSet has none: composed or device kernels)"
-        cls = type(self)
-        for name in ("forward", "reduce_partial", "embed_tokens"):
-            if getattr(cls, name) is not getattr(LlamaForCausalLM, name):
-                return None, f"off ({cls.__name__} overrides {name})"
+        if not self.supports_decode_stack:
+            return None, f"off ({type(self).__name__} combines its layers its own way)"
         if self.dtype != "float32":
             return None, f"off (compute dtype {self.dtype})"
-        if any(type(layer.mlp) is not DenseMLP for layer in self.layers):
-            return None, "off (a layer's MLP is not the dense SwiGLU MLP)"
         from paddle_llm_ops.cpu_kernels.decode_stack import StackLayer
 
         layers = [StackLayer(lay.in_norm, lay.post_norm, lay.q_norm, lay.k_norm, lay.qkv, lay.o, lay.mlp.gate_up,
                              lay.mlp.down) for lay in self.layers]
-        gate_up = self.layers[0].mlp.gate_up
-        w = gate_up.weight if hasattr(gate_up, "weight") else getattr(gate_up, "qweight", None)
-        if w is None:
-            return None, f"off (gate_up is a {type(gate_up).__name__})"
-        inter = w.shape[0] // 2  # [2I, H] in every CPU linear's layout (the stack checks each layer)
+        inter = self.layers[0].mlp.gate_up.out_features // 2  # [H] -> [2I] (the stack checks each layer)
         stack, info = self.ops.make_decode_stack(layers, self.norm, self.cfg.hidden_size, inter, self.num_heads,
                                                  self.num_kv_heads, self.head_dim, self.cfg.rms_norm_eps, self.scale)
         return stack, (info if stack is not None else f"off ({info})")
@@ -196,24 +202,21 @@ class LlamaForCausalLM:
 
     def forward(self, input_ids: paddle.Tensor, positions: paddle.Tensor, meta: AttentionMetadata,
                 kv_caches: list[tuple[paddle.Tensor, paddle.Tensor]]) -> paddle.Tensor:
+        """input_ids [T] int64, positions [T] int64, meta: the step's metadata in the OpSet's form,
+        kv_caches [(k, v)] per layer (written with this step's keys and values) -> hidden [T, H]
+        after the final norm. Steps whose form gives every row its own block table run on the
+        decode stack when the model has one; the rest layer by layer through the OpSet."""
         eps = self.cfg.rms_norm_eps
         ops = self.ops
         nh, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
         h = self.embed_tokens(input_ids)  # [T, H]: the residual stream
         rot = ops.rotary_inputs(self.rotary, positions, self.dtype)
-        if self.decode_stack is not None:
-            # Every row one sequence's next token (or, with per-row tables, any row as a query over
-            # its own context): the whole stack in one call.
-            tables, lens = None, None
-            if not meta.prefills and meta.num_decodes == h.shape[0]:
-                tables, lens = meta.decode_block_tables, meta.decode_context_lens
-            elif meta.row_block_tables is not None:
-                tables, lens = meta.row_block_tables, meta.row_context_lens
-            if tables is not None:
-                out = self.decode_stack.run(h, rot.positions, rot.table_cos, rot.table_sin, meta.slot_mapping,
-                                            tables, lens, kv_caches)
-                if out is not None:  # None: a batch above the kernels' limit
-                    return out
+        rows = _row_tables(meta, h.shape[0]) if self.decode_stack is not None else None
+        if rows is not None:  # every row a query over its own context: the whole stack in one call
+            out = self.decode_stack.run(h, rot.positions, rot.table_cos, rot.table_sin, meta.slot_mapping, *rows,
+                                        kv_caches)
+            if out is not None:  # None: a batch above the kernels' limit
+                return out
         # Each residual add is fused with the norm that follows it: `delta` is the output not yet
         # added to h (the previous block's MLP; None before the first layer).
         delta = None

@@ -116,6 +116,8 @@ class SparseMoeBlock:
 class _MoEDecoder:
     """Mixin: layer i's MLP is a SparseMoeBlock where cfg.moe says so."""
 
+    supports_decode_stack = False  # the decode stack's layers have a dense SwiGLU MLP
+
     def make_mlp(self, r: CheckpointReader, i: int):
         moe = self.cfg.moe
         if moe is None or i not in moe.layers:

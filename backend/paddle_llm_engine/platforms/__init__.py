@@ -6,8 +6,10 @@ parallelism), plug-in version checks and device memory queries.
 Modules: device (the Device value, device resolution, GCU plug-in versions, memory), cgroup (the
 CPUs and memory this process's cgroup and CPU affinity allow), cpu_features
 (/proc/cpuinfo flags), kernel_registry (Paddle's registered kernels per place and dtype),
-kernel_checks (optional kernels checked against the composed ops), plan (the decisions), runtime (one
-Platform per device kind: binding, threads, memory, devices, collectives).
+kernel_checks (optional kernels checked against the composed ops), settings (the operator's
+settings checked), plan (the decisions, and the OpSet they make), process_plan (the facts of this
+process and its plan), runtime (one Platform per device kind: binding, threads, memory, devices,
+collectives).
 """
 
 from paddle_llm_engine.platforms.cpu_features import CpuInfo, host_cpu, parse_cpuinfo
@@ -15,7 +17,9 @@ from paddle_llm_engine.platforms.device import (SUPPORTED_GCU_MATRIX, Device, Pl
                                                 gcu_available, gcu_available_memory, host_available_memory,
                                                 host_memory_report, resolve_device)
 from paddle_llm_engine.platforms.kernel_registry import KernelRegistry
-from paddle_llm_engine.platforms.plan import PlaceFacts, PlatformPlan, check_settings, decide, plan_for_device
+from paddle_llm_engine.platforms.plan import PlaceFacts, PlatformPlan, decide
+from paddle_llm_engine.platforms.process_plan import plan_for_device
+from paddle_llm_engine.platforms.settings import check_settings
 from paddle_llm_engine.platforms.runtime import CpuPlatform, GcuPlatform, Platform, platform_for
 
 __all__ = [

@@ -4,8 +4,8 @@ functions of a place's facts (plan.PlaceFacts), called by plan.decide().
 A group of ops (one optional kernel of the plan) is a candidate only when (1) the plug-in registers
 every op of it (KernelRegistry.has_custom_op) and (2) each op's registered signature equals one the
 engine calls correctly (facts.op_signatures, from paddle_llm_ops.gcu.signatures.compare, gathered
-at start by plan.gather_facts); decide() then (3) runs its numerical check against the composed ops
-(kernel_checks) before turning it on. Any of the three failing leaves the composed ops in place and
+at start by process_plan.gather_facts); decide() then (3) runs its numerical check against the
+composed ops (kernel_checks) before turning it on. Any of the three failing leaves the composed ops in place and
 the decision line says which and why (naming both signatures for a mismatch). Nothing raises.
 
 Kernels:

@@ -2,11 +2,12 @@
 
 `decide()` is a pure function of the facts about a place (CPU flags, Paddle's kernel registry,
 whether Paddle falls back to CPU kernels on a custom device) and of the operator's settings, so the
-logic is tested for hosts we do not have. `plan_for_device()` gathers the facts of this process and
-calls it. Nothing here catches an op's failure to find out whether it works: every optional kernel
-about to be turned on is first checked numerically against the composed ops on this place
-(kernel_checks.py: in a child process where the kernel could kill the process, verdicts of CPU
-kernels cached) and stays off, with the reason, when it disagrees.
+logic is tested for hosts we do not have (process_plan.plan_for_device() gathers the facts of this
+process and calls it). The plan builds the engine's OpSet (PlatformPlan.opset). Nothing here
+catches an op's failure to find out whether it works: every optional kernel about to be turned on
+is first checked numerically against the composed ops on this place (kernel_checks.py: in a child
+process where the kernel could kill the process, verdicts of CPU kernels cached) and stays off,
+with the reason, when it disagrees. The operator's settings are checked first (settings.py).
 
 Decided here:
 - dtype (weights and activations): "auto" is the fastest dtype the place has kernels for
@@ -28,14 +29,14 @@ from paddle_llm_engine.platforms.cpu_features import CpuInfo
 from paddle_llm_engine.platforms.device import Device, PlatformError
 from paddle_llm_engine.platforms import gcu_kernels
 from paddle_llm_engine.platforms.kernel_registry import KernelRegistry
+from paddle_llm_engine.platforms.settings import OPTIONAL_KERNELS, check_settings, parse_kernels_setting
+from paddle_llm_ops.gcu.linear_quant import GCU_GROUP_SIZES
 
 log = logging.getLogger(__name__)
 
 # verify(kernel name, compute dtype, **check parameters) -> ChildVerdict (kernel_checks.PlaceVerifier).
 Verify = Callable[..., ChildVerdict]
 
-DTYPES = ("float32", "bfloat16", "float16")
-DTYPE_CHOICES = ("auto",) + DTYPES
 # The fastest first: what "auto" tries.
 _AUTO_ORDER = ("bfloat16", "float16", "float32")
 # Ops the model's forward runs in the compute dtype (composed path).
@@ -45,13 +46,6 @@ COMPUTE_OPS = ("matmul", "softmax", "swiglu", "index_select", "add", "multiply",
 # same-width view, see _gather_dtype) and cast.
 KV_WRITE_OPS = ("cast", "index_put")
 _SAME_WIDTH = {"float16": ("bfloat16",), "bfloat16": ("float16",), "float32": ()}
-OPTIONAL_KERNELS = ("cpu_kernels", "fused_rms_norm", "fused_moe", "gcu_attention", "gcu_rotary", "gcu_rms_norm")
-QUANTIZATIONS = ("", "wint8", "wint4")
-# quantization_group_size 0 (the default) means: wint4 in groups of 64 input channels (FastDeploy's
-# wint4 group size), wint8 per output channel.
-DEFAULT_GROUP_SIZES = {"wint8": -1, "wint4": 64}
-# What paddle-custom-gcu's weight_quantize_rtn / linear_quant_gcu accept (gcu/linear_quant.py).
-GCU_GROUP_SIZES = (-1, 64, 128)
 # The fused mixture-of-experts kernel: paddle-custom-gcu's custom operators, as FastDeploy's GCU MoE
 # uses them (paddle_llm_ops.moe). Paddle itself registers none for the CPU (its fused_moe is CUDA-only).
 FUSED_MOE_OPS = gcu_kernels.FUSED_MOE_OPS
@@ -113,44 +107,16 @@ class PlatformPlan:
         for line in self.decisions:
             logger.info("platform %s: %s", self.device, line)
 
+    def opset(self, block_size: int):
+        """The OpSet (paddle_llm_ops.OpSet) of this plan's kernels for a KV cache of block_size
+        tokens per block: every optional kernel but cpu_kernels is the build_opset flag of its name;
+        cpu_kernels runs as cpu_isa. Raises ValueError as build_opset."""
+        from paddle_llm_ops import build_opset
 
-def check_settings(dtype: str, kv_cache_dtype: str, quantization: str, quantization_group_size: int = 0) -> int:
-    """The operator's dtype, kv_cache_dtype, quantization and quantization_group_size values (the
-    only place they are checked: EngineConfig.validate and decide() call this). Returns the group
-    size to use: -1 (one scale per output channel) or a positive multiple of 8; 0 (the default)
-    resolves to DEFAULT_GROUP_SIZES[quantization] (-1 without quantization). Whether the group size
-    divides each linear's input width is checked when the model's weights are quantized.
-    Raises ValueError naming the setting."""
-    for name, value in (("dtype", dtype), ("kv_cache_dtype", kv_cache_dtype)):
-        if value not in DTYPE_CHOICES:
-            raise ValueError(f"{name} must be one of {', '.join(DTYPE_CHOICES)}; got {value!r}")
-    if quantization not in QUANTIZATIONS:
-        raise ValueError(f"quantization must be empty, wint8 or wint4; got {quantization!r}")
-    g = quantization_group_size
-    if isinstance(g, bool) or not isinstance(g, int) or not (g in (0, -1) or (g > 0 and g % 8 == 0)):
-        raise ValueError(f"quantization_group_size must be 0 (the default: 64 for wint4, per output channel for "
-                         f"wint8), -1 (one scale per output channel) or a positive multiple of 8 input channels "
-                         f"per scale; got {g!r}")
-    if not quantization:
-        return -1
-    return DEFAULT_GROUP_SIZES[quantization] if g == 0 else g
-
-
-def parse_kernels_setting(value: str) -> tuple[str, tuple[str, ...]]:
-    """`kernels` setting -> ("auto", ()), ("composed", ()) or ("list", names).
-
-    "auto" (or empty): each optional kernel on where the place can run it; "composed": none, the
-    plain Paddle ops only; "a;b": exactly these kernels, each must be runnable here.
-    Raises ValueError naming an unknown kernel."""
-    v = (value or "auto").strip().lower()
-    if v in ("auto", "composed"):
-        return v, ()
-    names = tuple(n.strip() for n in v.replace(",", ";").split(";") if n.strip())
-    unknown = [n for n in names if n not in OPTIONAL_KERNELS]
-    if unknown or not names:
-        raise ValueError(f"kernels must be 'auto', 'composed' or a ';'-separated list of "
-                         f"{', '.join(OPTIONAL_KERNELS)}; got {value!r}")
-    return "list", names
+        flags = {name: on for name, on in self.kernels.items() if name != "cpu_kernels"}
+        gather = self.kv_gather_dtype if self.kv_gather_dtype != self.kv_cache_dtype else None
+        return build_opset(cpu_isa=self.cpu_isa, kv_gather_dtype=gather, quantization=self.quantization,
+                           quantization_group_size=self.quantization_group_size, block_size=block_size, **flags)
 
 
 def _is_custom(device: Device) -> bool:
@@ -393,62 +359,3 @@ def decide(facts: PlaceFacts, dtype: str = "auto", kv_cache_dtype: str = "auto",
     return PlatformPlan(device=facts.device, dtype=dt, kv_cache_dtype=kv, kv_gather_dtype=gather,
                         kernels=chosen, flags=flags, cpu_isa=cpu_isa, quantization=quantization,
                         quantization_group_size=group_size, decisions=decisions)
-
-
-def _load_cpu_kernels(device: Device, kernels: str) -> tuple[bool, str]:
-    """(the C++ CPU kernels are loaded, why not) for a place whose plan may turn them on: loads the
-    library now (registering its ops with Paddle), so that a library that does not load leaves the
-    kernels off instead of failing later. Nothing is loaded where the plan cannot use them."""
-    mode, forced = parse_kernels_setting(kernels)
-    if device.kind != "cpu":
-        return False, "the CPU place only"
-    if mode == "composed" or (mode == "list" and "cpu_kernels" not in forced):
-        return False, "not requested"
-    from paddle_llm_ops import cpu_kernels
-
-    try:
-        cpu_kernels.load()
-        return True, "built"
-    except Exception as e:  # not built for these sources: the composed ops run, and the log says why
-        return False, str(e)
-
-
-def gather_facts(device: Device | str, cpu_kernels: tuple[bool, str] = (False, "not looked for")) -> PlaceFacts:
-    """The facts of this process for `device`; cpu_kernels: (loaded, why not) of the C++ CPU kernels."""
-    import paddle
-
-    from paddle_llm_engine.platforms.cpu_features import host_cpu
-    from paddle_llm_engine.platforms.device import gcu_plugin_description
-
-    device = Device.parse(device)
-    try:
-        fallback = bool(paddle.get_flags(["FLAGS_enable_api_kernel_fallback"])["FLAGS_enable_api_kernel_fallback"])
-    except Exception:  # flag unknown to this Paddle: assume its documented default (on)
-        fallback = True
-    description = "" if device.kind == "cpu" else f"{device} through {gcu_plugin_description()}"
-    return PlaceFacts(device=device, cpu=host_cpu(), registry=KernelRegistry(), kernel_fallback=fallback,
-                      paddle_version=paddle.__version__, device_description=description,
-                      op_signatures=gcu_kernels.gather_signatures(device.kind),
-                      cpu_kernels_built=cpu_kernels[0], cpu_kernels_detail=cpu_kernels[1])
-
-
-def plan_for_device(device: Device | str, dtype: str = "auto", kv_cache_dtype: str = "auto",
-                    kernels: str = "auto", quantization: str = "", quantization_group_size: int = 0) -> PlatformPlan:
-    """Decide for `device` in this process, log every decision, apply the plan's Paddle flags.
-    Raises as decide()."""
-    import paddle
-
-    from paddle_llm_engine.platforms.kernel_checks import PlaceVerifier
-
-    device = Device.parse(device)
-    facts = gather_facts(device, _load_cpu_kernels(device, kernels))
-
-    verify = PlaceVerifier(device.kind == "cpu", facts.paddle_version, facts.cpu.model, facts.cpu.flags)
-    plan = decide(facts, dtype, kv_cache_dtype, kernels, verify, quantization, quantization_group_size)
-    if verify.timings:
-        plan.decisions.append("kernel checks: " + ", ".join(
-            f"{name} {'cached' if cached else f'{secs:.3f} s'}" for name, secs, cached in verify.timings))
-    if plan.flags:
-        paddle.set_flags(plan.flags)
-    plan.log()
-    return plan

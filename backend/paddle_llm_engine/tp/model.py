@@ -24,6 +24,7 @@ class TensorParallelMixin:
 
     shard: ShardPlan
     group = None  # paddle.distributed group; None: the default (world) group
+    supports_decode_stack = False  # the decode stack has no all_reduce between its layers
 
     def open_checkpoint(self, model_dir: str):
         return ShardedReader(super().open_checkpoint(model_dir), self.shard)

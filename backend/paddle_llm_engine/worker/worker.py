@@ -28,7 +28,7 @@ from paddle_llm_engine.models import build_model
 from paddle_llm_engine.platforms import Device, platform_for, plan_for_device
 from paddle_llm_engine.step import Step
 from paddle_llm_engine.worker.inputs import pack_step
-from paddle_llm_ops import build_opset, copy_blocks, gather_last_tokens
+from paddle_llm_ops import copy_blocks, gather_last_tokens
 
 log = logging.getLogger(__name__)
 
@@ -65,14 +65,7 @@ class Worker:
         self.plan = plan_for_device(self.device, engine_config.dtype, engine_config.kv_cache_dtype,
                                     engine_config.kernels, engine_config.quantization,
                                     engine_config.quantization_group_size)
-        gather = self.plan.kv_gather_dtype if self.plan.kv_gather_dtype != self.plan.kv_cache_dtype else None
-        on = self.plan.kernels
-        self.ops = build_opset(fused_rms_norm=on.get("fused_rms_norm", False),
-                               kv_gather_dtype=gather, fused_moe=on.get("fused_moe", False),
-                               cpu_isa=self.plan.cpu_isa, quantization=self.plan.quantization,
-                               block_size=self.block_size, gcu_attention=on.get("gcu_attention", False),
-                               gcu_rotary=on.get("gcu_rotary", False), gcu_rms_norm=on.get("gcu_rms_norm", False),
-                               quantization_group_size=self.plan.quantization_group_size)
+        self.ops = self.plan.opset(self.block_size)
         self.platform.configure_kernels(self.plan, self.threads)
         self.model = (make_model or build_model)(model_config, self.ops, self.plan.dtype)
         self.model.load_weights(engine_config.model_dir)

@@ -12,9 +12,9 @@ states and KV cache of a decode-only step are bit-identical to it (tests/unit/te
 
 It covers dense decoders on the C++ CPU kernels in fp32: layers of [add +] RMSNorm, fused qkv
 (biases optional), optional per-head q/k norms, rotary + paged KV write, paged decode attention,
-o, RMSNorm, fused gate_up, SwiGLU, down; linears all GemvLinear (the GEMV up to GEMV_MAX_BATCH rows,
-then MKL's cblas_sgemm as paddle.matmul, up to FP32_SGEMM_MAX_BATCH), all
-Int8Linear (<= GEMV_INT8_MAX_BATCH) or all Int4Linear (<= GEMV_INT4_MAX_BATCH). Steps with long
+o, RMSNorm, fused gate_up, SwiGLU, down; linears all of one declared kind (paddle_llm_ops.linear):
+"fp32" (the GEMV up to GEMV_MAX_BATCH rows, then MKL's cblas_sgemm as paddle.matmul, up to
+FP32_SGEMM_MAX_BATCH), "int8" or "w8a8" (<= GEMV_INT8_MAX_BATCH) or "int4" (<= GEMV_INT4_MAX_BATCH). Steps with long
 prompt chunks, larger batches, mixture-of-experts or tensor-parallel models keep the op-by-op path
 (the model decides; `build` returns None with the reason for linears it cannot take).
 """
@@ -96,29 +96,50 @@ def _ptr(t: paddle.Tensor | None, dtype, what: str) -> int | None:
     return t.data_ptr()
 
 
-def _linear(lin, n: int, k: int, what: str, sgemm: int | None) -> tuple[_Linear, int] | str:
-    """(_Linear, the batch limit of its kernel), or why this linear cannot join the stack."""
-    from paddle_llm_ops.linear import GemvLinear, Int4Linear, Int8Linear
+@dataclass(frozen=True)
+class _KindLayout:
+    """How the stack reads a linear of one declared kind (paddle_llm_ops.linear): its code in the C
+    table, the weight's attribute and dtype, whether the weight packs two inputs per byte and whether
+    it has a scale, and the description of the stack it makes."""
 
+    code: int
+    weight: str
+    dtype: object
+    packed: bool
+    scaled: bool
+    describe: str
+
+
+_KINDS = {"fp32": _KindLayout(_F32, "weight", paddle.float32, False, False, "fp32 GEMV"),
+          "int8": _KindLayout(_INT8, "qweight", paddle.int8, False, True, "int8 GEMV"),
+          "w8a8": _KindLayout(_W8A8, "qweight", paddle.int8, False, True, "int8 x int8 GEMV"),
+          "int4": _KindLayout(_INT4, "qweight", paddle.uint8, True, True, "int4 GEMV")}
+
+
+def _batch_limit(kind: str, sgemm: int | None) -> int:
+    """The largest batch the stack's kernel for linears of `kind` takes."""
+    if kind == "fp32":
+        return FP32_SGEMM_MAX_BATCH if sgemm else ck.GEMV_MAX_BATCH
+    return ck.GEMV_INT4_MAX_BATCH if kind == "int4" else ck.GEMV_INT8_MAX_BATCH
+
+
+def _linear(lin, n: int, k: int, what: str, sgemm: int | None) -> tuple[_Linear, int] | str:
+    """(_Linear, the batch limit of its kernel), or why this linear cannot join the stack. The
+    linear's declared `kind` says how its weights are stored."""
+    kind = getattr(lin, "kind", None)
+    layout = _KINDS.get(kind)
+    if layout is None:
+        return (f"{what} is a {type(lin).__name__} of kind {kind!r} (the stack takes kinds "
+                f"{', '.join(_KINDS)})")
     bias = _ptr(lin.bias, paddle.float32, f"{what} bias") if getattr(lin, "bias", None) is not None else None
-    if type(lin) is GemvLinear:
-        w, kind, groups, scale = lin.weight, _F32, 1, None
-        limit = FP32_SGEMM_MAX_BATCH if sgemm else ck.GEMV_MAX_BATCH
-        shape = [n, k]
-        wdt = paddle.float32
-    elif type(lin) is Int8Linear:
-        w, kind, groups, scale, limit = lin.qweight, _W8A8 if lin.activations == "int8" else _INT8, 1, lin.scale, \
-            ck.GEMV_INT8_MAX_BATCH
-        shape, wdt = [n, k], paddle.int8
-    elif type(lin) is Int4Linear:
-        w, kind, groups, scale, limit = lin.qweight, _INT4, lin.scale.shape[1], lin.scale, ck.GEMV_INT4_MAX_BATCH
-        shape, wdt = [n, (k + 1) // 2], paddle.uint8
-    else:
-        return f"{what} is a {type(lin).__name__} (the stack takes GemvLinear, Int8Linear, Int4Linear)"
+    w = getattr(lin, layout.weight)
+    scale = lin.scale if layout.scaled else None
+    groups = scale.shape[1] if layout.packed else 1  # int4: one scale per group of inputs
+    shape = [n, (k + 1) // 2] if layout.packed else [n, k]
     if list(w.shape) != shape:
         return f"{what} weight is {list(w.shape)}, expected {shape}"
-    return _Linear(kind, groups, _ptr(w, wdt, f"{what} weight"), _ptr(scale, paddle.float32, f"{what} scale"), bias,
-                   n, k), limit
+    return _Linear(layout.code, groups, _ptr(w, layout.dtype, f"{what} weight"),
+                   _ptr(scale, paddle.float32, f"{what} scale"), bias, n, k), _batch_limit(kind, sgemm)
 
 
 class DecodeStack:
@@ -175,7 +196,7 @@ class DecodeStack:
                     return None, got
                 lins[name], limit = got
                 limits.append(limit)
-                kinds.add(int(got[0].kind))
+                kinds.add(lin.kind)
                 keep.append(lin)
             if (lay.q_norm is None) != (lay.k_norm is None):
                 return None, f"layer {i}: q_norm and k_norm must both be given or neither"
@@ -186,7 +207,7 @@ class DecodeStack:
             keep.append(lay)
         if len(kinds) != 1:
             return None, f"linears of mixed kinds {sorted(kinds)}"
-        kind = {_F32: "fp32 GEMV", _INT8: "int8 GEMV", _W8A8: "int8 x int8 GEMV", _INT4: "int4 GEMV"}[kinds.pop()]
+        kind = _KINDS[kinds.pop()].describe
         stack = cls(isa, block_size, table, keep, final_norm, hidden, intermediate, num_heads, num_kv_heads,
                     head_dim, eps, scale, min(limits), kind, sgemm)
         return stack, f"{len(layers)} layers ({kind}, {isa}) in one call for decode-only steps of up to {min(limits)} sequences"

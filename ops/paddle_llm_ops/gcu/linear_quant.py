@@ -30,7 +30,7 @@ fastdeploy/model_executor/layers/backends/gcu/quantization/weight_only.py):
 How sure: the call, the shapes, int8's layout and the int4 repacking are read from the code above
 (high confidence). Whether TopsATen reads the int4 nibble as offset binary (q + 8, what the plug-in's
 quantizer writes) is inferred from that quantizer, not from the closed kernel (medium confidence);
-the numerical check below (registered as "gcu_linear_quant") tells on a real GCU: a kernel that
+the numerical check "gcu_linear_quant" (paddle_llm_ops.kernel_checks.gcu) tells on a real GCU: a kernel that
 reads the nibbles or the groups another way fails it and the plan refuses the quantization.
 """
 
@@ -40,7 +40,6 @@ import numpy as np
 import paddle
 
 from paddle_llm_ops.host_tensor import from_numpy
-from paddle_llm_ops.kernel_checks import difference, random_array, register, worst
 
 GCU_GROUP_SIZES = (-1, 64, 128)
 _BOUND = {8: 127, 4: 7}
@@ -147,28 +146,3 @@ def _const(t: paddle.Tensor) -> paddle.Tensor:
 def _in_dtype(a: np.ndarray, dtype: str) -> paddle.Tensor:
     t = from_numpy(a)
     return t if dtype == "float32" else t.astype(dtype)
-
-
-@register("gcu_linear_quant")
-def check_gcu_linear_quant(dtype: str, bits: int = 8, group_size: int = -1) -> tuple[float, float]:
-    """linear_quant_gcu on the current device against x @ (the dequantized weight) + bias with an fp32
-    paddle.matmul, per channel (group_size -1) or groups of group_size, with a bias, 5 tokens: a
-    rectangular weight (K = 320: two full 128-chunks and a padded one for int4; 384 for groups of 128;
-    N = 48) and a square one (K = N, the case whose output width the op's shape rule gets wrong for
-    int4: GcuQuantLinear pads it). Returns (max |kernel - composed|, max |composed|) of the worse."""
-    rng = np.random.default_rng(16)
-    k = 320 if group_size in (-1, 64) else 384
-    parts = {f"[{k}, {n}]": _check_one(rng, dtype, bits, group_size, k, n) for n in (48, k)}
-    diff, ref, _ = worst(parts)
-    return diff, ref
-
-
-def _check_one(rng, dtype: str, bits: int, group_size: int, k: int, n: int) -> tuple[float, float]:
-    w = random_array(rng, (k, n), 0.1) * rng.uniform(0.2, 2.0, (1, n)).astype(np.float32)
-    lin = GcuQuantLinear(w, random_array(rng, (n,)), dtype, bits, group_size)
-    x = _in_dtype(random_array(rng, (5, k)), dtype)
-    ref_w = dequantize_linear_quant(lin.qweight.numpy(), lin.scale.astype("float32").numpy(), bits, k)[:, :n]
-    # the reference in fp32 from the same (dtype-rounded) x, scale and bias: only the kernel's own
-    # rounding is measured, and it needs no low-precision matmul on the device
-    composed = paddle.matmul(x.astype("float32"), from_numpy(ref_w)) + lin.bias.astype("float32")[:n]
-    return difference(lin(x), composed)

@@ -13,6 +13,8 @@ contract), each against the composed Paddle ops of this package on the current d
 - "fused_moe": topk_softmax_gcu against softmax + top-k (+ renormalization), and
   moe_align_block_size_gcu + fused_moe_kernel_gcu (moe.moe_experts_fused_gcu) against the composed
   grouped experts, 5 experts, top-2, 11 tokens.
+- "gcu_linear_quant": linear_quant_gcu (gcu.linear_quant.GcuQuantLinear, wint8 / wint4) against an
+  fp32 matmul by the dequantized weight.
 A stub that allocates and computes nothing, or a kernel that reads its inputs in another order,
 gives a large difference here. Registered as in-process checks: a plug-in kernel failing raises a
 Python error, it does not kill the process.
@@ -183,8 +185,28 @@ def check_fused_moe(dtype: str = "float32", **_):
     return worst(parts)
 
 
-try:  # helper C's wint8 / wint4 linear registers its own check ("gcu_linear_quant") on import
-    import paddle_llm_ops.gcu.linear_quant  # noqa: F401
-except ModuleNotFoundError as e:
-    if e.name != "paddle_llm_ops.gcu.linear_quant":
-        raise
+@register("gcu_linear_quant")
+def check_gcu_linear_quant(dtype: str, bits: int = 8, group_size: int = -1) -> tuple[float, float]:
+    """linear_quant_gcu on the current device against x @ (the dequantized weight) + bias with an fp32
+    paddle.matmul, per channel (group_size -1) or groups of group_size, with a bias, 5 tokens: a
+    rectangular weight (K = 320: two full 128-chunks and a padded one for int4; 384 for groups of 128;
+    N = 48) and a square one (K = N, the case whose output width the op's shape rule gets wrong for
+    int4: GcuQuantLinear pads it). Returns (max |kernel - composed|, max |composed|) of the worse."""
+    rng = np.random.default_rng(16)
+    k = 320 if group_size in (-1, 64) else 384
+    parts = {f"[{k}, {n}]": _check_one(rng, dtype, bits, group_size, k, n) for n in (48, k)}
+    diff, ref, _ = worst(parts)
+    return diff, ref
+
+
+def _check_one(rng, dtype: str, bits: int, group_size: int, k: int, n: int) -> tuple[float, float]:
+    from paddle_llm_ops.gcu.linear_quant import GcuQuantLinear, dequantize_linear_quant
+
+    w = random_array(rng, (k, n), 0.1) * rng.uniform(0.2, 2.0, (1, n)).astype(np.float32)
+    lin = GcuQuantLinear(w, random_array(rng, (n,)), dtype, bits, group_size)
+    x = _t(random_array(rng, (5, k)), dtype)
+    ref_w = dequantize_linear_quant(lin.qweight.numpy(), lin.scale.astype("float32").numpy(), bits, k)[:, :n]
+    # the reference in fp32 from the same (dtype-rounded) x, scale and bias: only the kernel's own
+    # rounding is measured, and it needs no low-precision matmul on the device
+    composed = paddle.matmul(x.astype("float32"), from_numpy(ref_w)) + lin.bias.astype("float32")[:n]
+    return difference(lin(x), composed)
