@@ -22,6 +22,7 @@ int plk_broken_probe(int x) {
 """
 
 
+@pytest.mark.slow
 def test_broken_source_fails_with_the_compiler_message(tmp_path):
     src = tmp_path / "broken.cc"
     src.write_text(BROKEN)
@@ -35,6 +36,7 @@ def test_broken_source_fails_with_the_compiler_message(tmp_path):
     assert not list((tmp_path / "out").glob("*.so"))  # nothing half-built is left to load
 
 
+@pytest.mark.slow
 def test_setup_entry_point_exits_nonzero_with_the_message(tmp_path, monkeypatch, capsys):
     src_dir = tmp_path / "csrc"
     src_dir.mkdir()

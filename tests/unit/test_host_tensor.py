@@ -55,6 +55,7 @@ def test_paddle_to_tensor_leaks_and_from_numpy_does_not():
     assert _growth_per_call(lambda: from_numpy(a)) < 8.0  # noise of the measurement itself
 
 
+@pytest.mark.slow
 def test_engine_steps_hold_no_python_memory_after_they_end(tiny_model_dir):
     """Prefill (chunked), decode, n = 2 forks (copy-on-write copies) and aborts on the tiny model, in
     rounds of 200 steps that start and end with an idle engine: after two rounds of warm-up (Paddle's

@@ -190,6 +190,7 @@ def test_a_kernel_that_kills_its_process_is_run_in_a_child_and_turned_off(monkey
     assert verify.timings[-1][2] is True  # the second start read the verdict from the cache
 
 
+@pytest.mark.slow
 def test_child_results_pass_raise_and_are_judged_in_the_parent(monkeypatch):
     fake(monkeypatch, "good", fakes.agrees, isolate=True)
     fake(monkeypatch, "raises", fakes.raises, isolate=True)

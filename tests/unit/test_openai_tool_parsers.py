@@ -149,6 +149,7 @@ def test_content_streams_before_a_call():
     assert st.finish() == [{"content": "<tool_call>"}]  # an empty call is no call: its text stays content
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parser", [QwenToolParser(), Llama3JsonToolParser()], ids=lambda p: p.name)
 def test_long_arguments_stream_in_linear_time(parser):
     """Arguments of ~21 000 and ~85 000 characters in 4-character deltas: each delta scans only its own

@@ -11,6 +11,7 @@ livelock under preemption) and every block is free again.
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -149,3 +150,4 @@ class SchedulerMachine(RuleBasedStateMachine):
 SchedulerMachine.TestCase.settings = settings(max_examples=75, stateful_step_count=40, deadline=None, database=None,
                                               suppress_health_check=[HealthCheck.too_slow])
 TestScheduler = SchedulerMachine.TestCase
+pytestmark = pytest.mark.slow  # a property search of about 30 s: the full tier only

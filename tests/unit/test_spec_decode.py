@@ -404,6 +404,7 @@ def test_chunked_prefill_and_prefix_caching(tiny_model_dir):
     assert g2[("q", 0)]["tokens"] == w2[("q", 0)]["tokens"]
 
 
+@pytest.mark.slow
 def test_sampled_distribution_unchanged(tiny_model_dir):
     """temperature 2 and top_k 6 (a spread distribution over few tokens), 3 tokens per request, 400 seeds with
     and without speculation. The drafts come from a deterministic proposer built from the plain

@@ -126,6 +126,7 @@ def test_instance_k_maps_onto_devices_k_times_n():
 
 
 # -- what the ranks run ---------------------------------------------------------------------------
+@pytest.mark.slow
 def test_tp2_engine_info_reports_what_the_ranks_decided(tmp_path):
     """llm_engine_info's labels (LLMEngine.info()) of a TP=2 engine are its ranks' platform plan:
     dtype, KV-cache dtype, kernels and quantization as a TP=1 engine on this host decides them,
@@ -150,6 +151,7 @@ def test_tp2_engine_info_reports_what_the_ranks_decided(tmp_path):
 
 
 # -- worker failures -----------------------------------------------------------------------------
+@pytest.mark.slow
 def test_worker_start_failure_names_the_rank_and_leaves_no_worker(tmp_path):
     model_dir = tc.make_checkpoint("llama_tied", tmp_path / "ck")
     cfg = json.loads((model_dir / "config.json").read_text())
@@ -191,6 +193,7 @@ def test_killed_worker_fails_requests_in_flight(tmp_path):
         engine.close()
 
 
+@pytest.mark.slow
 def test_a_worker_that_dies_while_the_engine_is_idle_is_a_failure_at_once(tmp_path):
     """No step runs to notice it: the watchdog's liveness probe (the executor's dead_worker) does,
     so the instance is reported failed (and reloaded) before a request meets the dead rank."""
@@ -228,6 +231,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_workers_die_with_a_sigkilled_engine_process(tmp_path):
     """The engine's process is SIGKILLed (as a Triton stub can be): its workers go too."""
     import subprocess
