@@ -28,8 +28,8 @@ import time
 from typing import Callable
 
 from paddle_llm_triton import control_bus
-from paddle_llm_triton.launcher.gate import GATE_MODELS
-from paddle_llm_triton.launcher.repository import RepositoryClient, RepositoryError
+from paddle_llm_launcher.gate import GATE_MODELS
+from paddle_llm_launcher.repository import RepositoryClient, RepositoryError
 
 ACCEPT_ENV = "DRAIN_ACCEPT_S"
 
