@@ -27,7 +27,7 @@ import os
 import time
 from typing import Callable
 
-from paddle_llm_triton import control_bus
+from paddle_llm_triton.engine_channel import control_bus
 from paddle_llm_launcher.gate import GATE_MODELS
 from paddle_llm_launcher.repository import RepositoryClient, RepositoryError
 

@@ -40,7 +40,7 @@ from typing import Callable
 
 from paddle_llm_launcher import procs
 from paddle_llm_launcher.repository import RepositoryClient, RepositoryError
-from paddle_llm_triton.unix_names import accept_credentials, recv_same_user
+from paddle_llm_triton.engine_channel.unix_names import accept_credentials, recv_same_user
 from paddle_llm_triton.restarts import RESTARTS_FILE, supervisor_address
 # How long a live stub whose engine failed gets to finalize and exit before its processes are killed.
 # Triton 2.51 waits for the stub process without a bound, and the stub's finalize takes 1-3 s here

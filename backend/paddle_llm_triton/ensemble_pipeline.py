@@ -17,7 +17,7 @@ Per client request (one thread each; the engine's own threads do the heavy work)
 2. The request may carry B rows (inputs shaped [B, 1], max_batch_size >= B): each row is its own
    engine request. preprocessing (BLS) runs for every row first; an error there ends the client's
    request with that error before anything is generated.
-3. one engine request per row on the engine channel (ensemble_protocol.py); num_return_sequences
+3. one engine request per row on the engine channel (engine_channel/protocol.py); num_return_sequences
    > 1 asks for that many sequences of the row's prompt (they share its KV blocks in the engine).
 4. every output frame -> postprocessing (BLS) -> the client, with `batch_index` (B > 1),
    `sequence_index` (n > 1), `num_input_tokens` / `num_output_tokens` and the perf metrics when
@@ -44,7 +44,7 @@ import uuid
 import numpy as np
 
 from paddle_llm_engine.errors import InvalidRequestError
-from paddle_llm_triton import ensemble_protocol as protocol
+from paddle_llm_triton.engine_channel import protocol
 from paddle_llm_triton.drain import DrainingError
 from paddle_llm_triton.engine_channel.client import ChannelClient, ChannelClosed, ChannelUnavailable
 from paddle_llm_triton.ensemble_requests import (ClientRequest, Flight, Row, StepError, as_text, batch_row,

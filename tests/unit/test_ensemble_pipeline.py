@@ -19,7 +19,7 @@ import pytest
 
 import pb_standin
 from paddle_llm_triton import ensemble_pipeline as ep
-from paddle_llm_triton import ensemble_protocol as protocol
+from paddle_llm_triton.engine_channel import protocol
 from paddle_llm_triton.engine_channel.client import ChannelClient
 from paddle_llm_triton.engine_channel.server import ChannelServer
 

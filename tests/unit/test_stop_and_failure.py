@@ -14,7 +14,7 @@ from paddle_llm_engine.engine_loop import EngineLoop
 from paddle_llm_engine.errors import EngineDeadError
 from paddle_llm_engine.outputs import EngineStats, RequestOutput
 from paddle_llm_engine.sampling_params import SamplingParams
-from paddle_llm_triton.control_bus import ControlBus, ask, bound_instances
+from paddle_llm_triton.engine_channel.control_bus import ControlBus, ask, bound_instances
 from paddle_llm_triton.stop_requests import StopRequests
 from paddle_llm_triton.fault_injection import InjectedFault, install_step_fault
 from paddle_llm_triton.stop_requests import StopRegistry, StopRequests

@@ -22,7 +22,7 @@ import numpy as np
 from paddle_llm_engine import EngineBusyError, EngineConfig, EngineDeadError, EngineLoop, InvalidRequestError, LLMEngine
 from paddle_llm_triton import tensors as T
 from paddle_llm_triton.config_params import engine_config_from_triton, serving_options
-from paddle_llm_triton.control_bus import ControlBus
+from paddle_llm_triton.engine_channel.control_bus import ControlBus
 from paddle_llm_triton.drain import Drain, DrainingError
 from paddle_llm_triton.engine_channel.server import ChannelServer
 from paddle_llm_triton.ensemble_steps import EnsembleStepHandler

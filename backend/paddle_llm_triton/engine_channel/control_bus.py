@@ -23,7 +23,7 @@ import threading
 import time
 from typing import Callable
 
-from paddle_llm_triton.unix_names import accept_credentials, bound_names, recv_same_user
+from paddle_llm_triton.engine_channel.unix_names import accept_credentials, bound_names, recv_same_user
 
 log = logging.getLogger(__name__)
 
