@@ -32,7 +32,7 @@ from paddle_llm_launcher.admin_api import AdminAccess, admin_access
 from paddle_llm_launcher.environment import DEFAULT_BACKEND_DIR, server_env, tritonserver_binary
 from paddle_llm_launcher.handle import TritonServer, _popen
 from paddle_llm_launcher.procs import STUB_NAME
-from paddle_llm_triton.restarts import STATE_ENV
+from paddle_llm_triton.lifecycle.restarts import STATE_ENV
 
 
 def server_command(model_repo, http_port, grpc_port, metrics_port, backend_dir=None,

@@ -41,7 +41,7 @@ from typing import Callable
 from paddle_llm_launcher import procs
 from paddle_llm_launcher.repository import RepositoryClient, RepositoryError
 from paddle_llm_triton.engine_channel.unix_names import accept_credentials, recv_same_user
-from paddle_llm_triton.restarts import RESTARTS_FILE, supervisor_address
+from paddle_llm_triton.lifecycle.restarts import RESTARTS_FILE, supervisor_address
 # How long a live stub whose engine failed gets to finalize and exit before its processes are killed.
 # Triton 2.51 waits for the stub process without a bound, and the stub's finalize takes 1-3 s here
 # (tensor parallel: the workers' stop grace included); once in a few soaks the exit took over 30 s.

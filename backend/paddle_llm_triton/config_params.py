@@ -28,7 +28,7 @@ import os
 from dataclasses import dataclass
 
 from paddle_llm_engine.config import DEPRECATED_ALIASES, EngineConfig
-from paddle_llm_triton.instances import instance_ordinal
+from paddle_llm_triton.lifecycle.instances import instance_ordinal
 from paddle_llm_triton.metrics import NAME_SETS, parse_name_sets
 
 MODEL_DIR_ENV = "PADDLE_LLM_MODEL_DIR"

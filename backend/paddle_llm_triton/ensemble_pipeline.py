@@ -45,13 +45,13 @@ import numpy as np
 
 from paddle_llm_engine.errors import InvalidRequestError
 from paddle_llm_triton.engine_channel import protocol
-from paddle_llm_triton.drain import DrainingError
+from paddle_llm_triton.lifecycle.drain import DrainingError
 from paddle_llm_triton.engine_channel.client import ChannelClient, ChannelClosed, ChannelUnavailable
 from paddle_llm_triton.ensemble_requests import (ClientRequest, Flight, Row, StepError, as_text, batch_row,
                                                  bls_error_code, ensemble_response)
 from paddle_llm_triton.errors import triton_code
-from paddle_llm_triton.request_timeout import timeout_us
-from paddle_llm_triton.senders import SenderLedger
+from paddle_llm_triton.contracts.timeout import timeout_us
+from paddle_llm_triton.lifecycle.senders import SenderLedger
 
 log = logging.getLogger(__name__)
 

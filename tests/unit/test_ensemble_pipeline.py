@@ -174,7 +174,7 @@ def test_a_finished_request_leaves_no_garbage_holding_its_response_sender(monkey
     import gc
 
     from paddle_llm_triton.ensemble_requests import ClientRequest, Flight
-    from paddle_llm_triton.senders import TrackedSender
+    from paddle_llm_triton.lifecycle.senders import TrackedSender
 
     _, pipe, _ = install(monkeypatch, False)
     cleanup(pipe)

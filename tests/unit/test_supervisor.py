@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from paddle_llm_launcher.supervisor import Supervisor, stub_identity, unhealthy_instances
-from paddle_llm_triton.restarts import notify_failure, restart_count
+from paddle_llm_triton.lifecycle.restarts import notify_failure, restart_count
 
 
 ADMIN = {"paddle-llm-admin-key": "k" * 32}  # the launcher's admin header (admin_api.py)

@@ -10,7 +10,7 @@ import json
 import triton_python_backend_utils as pb_utils
 
 from paddle_llm_triton.engine_channel.control_bus import ControlBus
-from paddle_llm_triton.drain import Drain
+from paddle_llm_triton.lifecycle.drain import Drain
 from paddle_llm_triton.ensemble_pipeline import EnsemblePipeline
 
 

@@ -23,17 +23,17 @@ from paddle_llm_engine import EngineBusyError, EngineConfig, EngineDeadError, En
 from paddle_llm_triton import tensors as T
 from paddle_llm_triton.config_params import engine_config_from_triton, serving_options
 from paddle_llm_triton.engine_channel.control_bus import ControlBus
-from paddle_llm_triton.drain import Drain, DrainingError
+from paddle_llm_triton.lifecycle.drain import Drain, DrainingError
 from paddle_llm_triton.engine_channel.server import ChannelServer
 from paddle_llm_triton.ensemble_steps import EnsembleStepHandler
-from paddle_llm_triton.fault_injection import install_step_fault
-from paddle_llm_triton.health import StallWatchdog
-from paddle_llm_triton.instances import instance_names
-from paddle_llm_triton.memory_trace import start_from_env as start_memory_trace
+from paddle_llm_triton.lifecycle.fault_injection import install_step_fault
+from paddle_llm_triton.lifecycle.health import StallWatchdog
+from paddle_llm_triton.lifecycle.instances import instance_names
+from paddle_llm_triton.lifecycle.memory_trace import start_from_env as start_memory_trace
 from paddle_llm_triton.metrics import LLMMetrics
 from paddle_llm_triton.responder import Responder
-from paddle_llm_triton.restarts import notify_failure, restart_count
-from paddle_llm_triton.senders import SenderLedger
+from paddle_llm_triton.lifecycle.restarts import notify_failure, restart_count
+from paddle_llm_triton.lifecycle.senders import SenderLedger
 from paddle_llm_triton.stop_requests import StopRequests
 from paddle_llm_triton.vllm_request import VllmRequest
 
