@@ -79,7 +79,7 @@ def test_merged_output_frames_carry_both_deltas_and_the_later_state():
 
 
 def test_a_row_that_fell_behind_is_relayed_as_one_frame_per_sequence_run():
-    from paddle_llm_triton.ensemble_pipeline import EnsemblePipeline
+    from paddle_llm_triton.ensemble.pipeline import EnsemblePipeline
 
     def out(seq, text, fin=False):
         return {"type": "output", "seq": seq, "text": text, "ids": [len(text)], "logprobs": [0.0], "cum": 0.0,

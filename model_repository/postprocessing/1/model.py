@@ -1,6 +1,6 @@
 """Ensemble step 3: shape one engine output into the TensorRT-LLM outputs.
 
-The ensemble pipeline (paddle_llm_triton/ensemble_pipeline.py) calls this model by BLS for every
+The ensemble pipeline (paddle_llm_triton/ensemble/pipeline.py) calls this model by BLS for every
 output frame an `llm` instance sends on the engine channel, with the frame's text delta
 (TEXT_DELTA), the new tokens' logprobs (OUTPUT_LOG_PROBS) and the cumulative logprob
 (CUM_LOG_PROB). Text arrives already detokenized: the engine detokenizes incrementally per request

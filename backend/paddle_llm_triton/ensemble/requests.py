@@ -1,4 +1,4 @@
-"""The state of one `ensemble` request while ensemble_pipeline.py relays it, and the helpers that
+"""The state of one `ensemble` request while pipeline.py relays it, and the helpers that
 build its responses: ClientRequest (the client's sender, guarded), Flight (one engine request of a row),
 Row (what preprocessing made of a row)."""
 
