@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from paddle_llm_engine.outputs import RequestOutput
 from paddle_llm_triton.engine_channel import protocol
-from paddle_llm_triton.delta_buffer import Flush
+from paddle_llm_triton.llm.delta_buffer import Flush
 from paddle_llm_triton.engine_channel import wire
 
 

@@ -1,4 +1,4 @@
-"""`stop` by request id (paddle_llm_triton/stop_requests.py, control_bus.py) and the engine-failure
+"""`stop` by request id (paddle_llm_triton/llm/stop_requests.py, control_bus.py) and the engine-failure
 path (paddle_llm_engine/engine_loop.py, paddle_llm_triton/lifecycle/fault_injection.py), without a Triton server."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from paddle_llm_engine.errors import EngineDeadError
 from paddle_llm_engine.outputs import EngineStats, RequestOutput
 from paddle_llm_engine.sampling_params import SamplingParams
 from paddle_llm_triton.engine_channel.control_bus import ControlBus, ask, bound_instances
-from paddle_llm_triton.stop_requests import StopRequests
+from paddle_llm_triton.llm.stop_requests import StopRequests
 from paddle_llm_triton.lifecycle.fault_injection import InjectedFault, install_step_fault
-from paddle_llm_triton.stop_requests import StopRegistry, StopRequests
+from paddle_llm_triton.llm.stop_requests import StopRegistry, StopRequests
 
 
 def wait_until(pred, timeout=5.0):

@@ -1,12 +1,12 @@
 """Triton decoupled model `llm`: hosts one Paddle LLM engine per model instance.
 
 Contract: Triton's vLLM backend (text_input, stream, sampling_parameters JSON, the return_* flags;
-parsed and answered by paddle_llm_triton/vllm_request.py) plus TensorRT-LLM's `stop`: a request
+parsed and answered by paddle_llm_triton/llm/vllm_request.py) plus TensorRT-LLM's `stop`: a request
 with stop = true aborts the requests in flight under the same Triton request id, on every instance
-(paddle_llm_triton/stop_requests.py). execute() only parses and enqueues; the engine runs on its own
+(paddle_llm_triton/llm/stop_requests.py). execute() only parses and enqueues; the engine runs on its own
 thread and a responder thread sends the responses. The `ensemble` model's requests do not come
 through Triton: they arrive on this instance's engine channel (paddle_llm_triton/engine_channel/,
-served by paddle_llm_triton/ensemble_steps.py), which never calls pb_utils.
+served by paddle_llm_triton/llm/ensemble_steps.py), which never calls pb_utils.
 """
 
 import gc
@@ -25,17 +25,17 @@ from paddle_llm_triton.config_params import engine_config_from_triton, serving_o
 from paddle_llm_triton.engine_channel.control_bus import ControlBus
 from paddle_llm_triton.lifecycle.drain import Drain, DrainingError
 from paddle_llm_triton.engine_channel.server import ChannelServer
-from paddle_llm_triton.ensemble_steps import EnsembleStepHandler
+from paddle_llm_triton.llm.ensemble_steps import EnsembleStepHandler
 from paddle_llm_triton.lifecycle.fault_injection import install_step_fault
 from paddle_llm_triton.lifecycle.health import StallWatchdog
 from paddle_llm_triton.lifecycle.instances import instance_names
 from paddle_llm_triton.lifecycle.memory_trace import start_from_env as start_memory_trace
 from paddle_llm_triton.metrics import LLMMetrics
-from paddle_llm_triton.responder import Responder
+from paddle_llm_triton.llm.responder import Responder
 from paddle_llm_triton.lifecycle.restarts import notify_failure, restart_count
 from paddle_llm_triton.lifecycle.senders import SenderLedger
-from paddle_llm_triton.stop_requests import StopRequests
-from paddle_llm_triton.vllm_request import VllmRequest
+from paddle_llm_triton.llm.stop_requests import StopRequests
+from paddle_llm_triton.llm.vllm_request import VllmRequest
 
 log = logging.getLogger("llm")
 

@@ -17,7 +17,7 @@ from paddle_llm_engine.outputs import RequestOutput
 from paddle_llm_triton.engine_channel import protocol
 from paddle_llm_triton.contracts.defaults import apply_default_max_tokens
 from paddle_llm_triton.contracts.trtllm import from_pipeline_json
-from paddle_llm_triton.delta_buffer import SequenceBuffers
+from paddle_llm_triton.llm.delta_buffer import SequenceBuffers
 from paddle_llm_triton.lifecycle.drain import Drain, DrainingError
 
 log = logging.getLogger(__name__)
