@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from paddle_llm_engine.config import DEPRECATED_ALIASES, EngineConfig
 from paddle_llm_triton.lifecycle.instances import instance_ordinal
-from paddle_llm_triton.metrics import NAME_SETS, parse_name_sets
+from paddle_llm_triton.metrics.names import NAME_SETS, parse_name_sets
 
 MODEL_DIR_ENV = "PADDLE_LLM_MODEL_DIR"
 
@@ -58,7 +58,7 @@ class ServingOptions:
         is installed. Never set it in production.
     metrics_names: which metric name sets the instance exposes on :8002, "llm,vllm" (the default:
         both), "llm" (the llm_* families) or "vllm" (vLLM's vllm:* names); anything else is an error
-        at load (metrics.py parse_name_sets; docs/operations/metrics.md).
+        at load (metrics/names.py parse_name_sets; docs/operations/metrics.md).
     coalesce_stream_responses: "true" (the default) lets a streamed response that fell behind carry
         the tokens of several engine steps in one response (responder.py); "false" sends one
         response per engine output always. The ensemble model has the same parameter
