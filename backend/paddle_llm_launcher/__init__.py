@@ -3,8 +3,9 @@
 A package of its own beside the adapter (paddle_llm_triton): no Triton stub imports it, and it runs in
 the process that starts tritonserver, not inside one. From the adapter it reads only what the two
 sides share: the config.pbtxt parameter names (config_params, to check `--set` overrides), the
-control bus (the drain asks every instance) and the supervisor's state folder and failure datagrams
-(lifecycle/restarts); never the request rooms (llm/, ensemble/).
+control bus and the abstract socket names (engine_channel/: the drain asks every instance, the
+supervisor takes failure datagrams from its own user only) and the supervisor's state folder
+(lifecycle/restarts); never the request rooms (llm/, ensemble/) nor metrics/.
 
 - server.py: `start_server` (plain or supervised) and the tritonserver command line;
 - handle.py: the `TritonServer` handle (readiness, restart, drain, a clean stop with a kill watchdog);
