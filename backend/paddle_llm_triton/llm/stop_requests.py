@@ -5,7 +5,8 @@ Each `llm` instance keeps the Triton request ids of its requests in flight (`Sto
 request can reach any instance of the model (Triton routes it like any request), so the instance
 that receives it aborts its own matches and forwards the id to its sibling instances as a `stop`
 message on the control bus (engine_channel/control_bus.py), which abort theirs. Ids are matched
-exactly; every request in flight with that id is aborted (request ids should be unique among requests in flight for stop to be precise).
+exactly; every request in flight with that id is aborted (request ids should be unique among requests
+in flight for stop to be precise).
 """
 
 from __future__ import annotations
