@@ -32,6 +32,7 @@ def pytriton_server_dir() -> Path:
 
 
 def tritonserver_binary() -> Path:
+    """The wheel's tritonserver executable; FileNotFoundError when the wheel or the binary is missing."""
     path = pytriton_server_dir() / "bin" / "tritonserver"
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found")
@@ -44,6 +45,7 @@ def python_libdir() -> str:
 
 
 def venv_bin() -> Path:
+    """This interpreter's bin folder (the venv's when running in one)."""
     return Path(sys.prefix) / "bin"
 
 

@@ -37,6 +37,9 @@ from paddle_llm_triton.lifecycle.restarts import STATE_ENV
 
 def server_command(model_repo, http_port, grpc_port, metrics_port, backend_dir=None,
                    exit_timeout: int = 5, extra_args=()) -> list[str]:
+    """The tritonserver argv: the repository, backends, the three ports on BIND_ADDRESS (default
+    loopback), no GPU metrics, no pinned memory, `--exit-timeout-secs exit_timeout`, then extra_args.
+    FileNotFoundError when the binary is missing."""
     backend_dir = Path(backend_dir or DEFAULT_BACKEND_DIR)
     # Loopback unless the operator says otherwise (containers publishing ports set BIND_ADDRESS).
     host = os.environ.get("BIND_ADDRESS", "127.0.0.1")

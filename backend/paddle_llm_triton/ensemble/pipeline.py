@@ -63,6 +63,12 @@ def _pb():
 
 
 class EnsemblePipeline:
+    """The `ensemble` model's work: submit() hands each client request to its own thread (module doc).
+
+    name / preprocessing / llm / postprocessing: the model names; poll_s: seconds between cancellation
+    checks; give_up_s: seconds after an abort before a row's connection is closed; channel: the engine
+    channel client (default: one to the `llm` instances); coalesce: merge the frames a row fell behind on."""
+
     def __init__(self, name: str = "ensemble", preprocessing: str = "preprocessing", llm: str = "llm",
                  postprocessing: str = "postprocessing", poll_s: float = 0.1, give_up_s: float = 30.0,
                  channel: ChannelClient | None = None, coalesce: bool = True):
@@ -93,6 +99,7 @@ class EnsemblePipeline:
         return self._in_flight
 
     def shutdown(self) -> None:
+        """Stop the engine requests in flight (the server is going away) and the cancellation watcher."""
         self._stopping.set()
         with self._lock:
             flights = list(self._flights.values())

@@ -51,9 +51,11 @@ class LLMMetrics:
 
     # -- producers -------------------------------------------------------------------------------
     def on_output(self, out: RequestOutput) -> None:
+        """An engine output (engine thread): token counts and latencies, finish reasons."""
         self._q.put(("output", out, time.monotonic()))
 
     def on_state(self, stats: EngineStats) -> None:
+        """The engine's state after a step: gauges, and the increments of its totals."""
         self._q.put(("state", stats))
 
     def on_engine_config(self, max_model_len: int, block_size: int, num_blocks: int, enable_prefix_caching: bool,
@@ -85,6 +87,7 @@ class LLMMetrics:
         self._q.put(("rejected", reason))
 
     def shutdown(self) -> None:
+        """Apply what is queued, release every metric and family on the metrics thread, join it (<= 5 s)."""
         self._q.put(None)
         self._thread.join(5)
 
