@@ -1,16 +1,17 @@
 """Run tritonserver in the foreground with this repository: `make serve` (scripts/serve.sh) execs it.
 
 Prints the start-up time (until /v2/health/ready answers 200). By default the server is supervised
-(paddle_llm_launcher/supervisor.py: a model whose stub dies or whose engine fails is reloaded
-by itself) and Ctrl-C / SIGTERM / SIGHUP drain it (paddle_llm_launcher/shutdown.py: readiness false at once,
-new requests UNAVAILABLE, requests in flight finish within --drain-grace seconds, exit code 0).
+(paddle_llm_launcher/supervisor.py: a model whose stub dies or whose engine fails is reloaded by
+itself) and Ctrl-C / SIGTERM / SIGHUP drain it (paddle_llm_launcher/shutdown.py: readiness false at
+once, new requests UNAVAILABLE, requests in flight finish within --drain-grace seconds, exit code 0).
 --no-supervise runs plain tritonserver (default model control, no drain: the signal goes straight to
-tritonserver). The watchdog, the server's environment and the clean stop are
-paddle_llm_launcher's (see its server.py).
+tritonserver). The watchdog, the server's environment and the clean stop are paddle_llm_launcher's
+(see its server.py, handle.py and environment.py).
 
-The OpenAI API frontend (`python -m paddle_llm_openai`, paddle_llm_launcher/frontend.py) runs beside it on
---openai-port (scripts/serve.sh: OPENAI_PORT, default 9000; 0 or absent: none): restarted if it dies; on a stop signal it
-drains first (ready false, new requests 503, its requests in flight finish) while Triton drains.
+The OpenAI API frontend (`python -m paddle_llm_openai`, paddle_llm_launcher/frontend.py) runs beside
+it on --openai-port (scripts/serve.sh: OPENAI_PORT, default 9000; 0 or absent: none): restarted if it
+dies; on a stop signal it drains first (ready false, new requests 503, its requests in flight finish)
+while Triton drains.
 """
 
 from __future__ import annotations
