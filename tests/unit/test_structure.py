@@ -102,7 +102,8 @@ def test_the_adapter_has_its_rooms_and_few_root_modules():
     rooms = {p.name for p in ADAPTER.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
     assert rooms == ADAPTER_ROOMS
     assert {p.stem for p in ADAPTER.glob("*.py")} == ADAPTER_ROOT_MODULES
-    assert not (ADAPTER / "launcher").exists() and (LAUNCHER / "__init__.py").is_file()
+    # a stale __pycache__ of the old adapter/launcher/ may stay behind in a checkout: only sources count
+    assert not (ADAPTER / "launcher" / "__init__.py").exists() and (LAUNCHER / "__init__.py").is_file()
 
 
 def test_the_adapter_never_imports_the_launcher():
