@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 PYTHON_VENV := .venv/bin/python
 
-.PHONY: setup serve test soak reference docs
+.PHONY: setup serve test test-fast soak reference docs
 
 setup:
 	bash scripts/setup.sh
@@ -12,6 +12,11 @@ serve: setup
 
 test: setup
 	$(PYTHON_VENV) -m pytest -q --durations=20 tests
+
+# The fast tier for a developer's edit-test loop: everything but the tests marked slow (a real server,
+# the soak, model runs of seconds; tests/conftest.py). `make test` (CI) runs both tiers.
+test-fast: setup
+	$(PYTHON_VENV) -m pytest -q --durations=10 -m "not slow" tests
 
 # The documentation site (mkdocs.yml, docs/) into build/site; --strict: a broken link or anchor fails.
 # docs/reference/configuration.md is generated from the code first (docs/gen_config_reference.py).

@@ -136,6 +136,25 @@ def _error_lines(path: Path, limit: int = 20) -> str:
     return "\n".join(errors[-limit:])
 
 
+# The fast tier (`make test-fast`, `-m "not slow"`): a test is slow when it talks to a real server
+# (one of these fixtures, or the e2e marker), runs the soak, or is marked slow by hand because it
+# takes seconds on its own (a model run end to end, a property search). `make test` runs both tiers.
+SERVER_FIXTURES = frozenset({"triton_server", "triton_server_factory", "openai_server", "openai_client",
+                             "async_openai_client"})
+SLOW_FOLDERS = ("tests/soak/test_soak_short.py", "tests/scaleout/")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Adds the `slow` marker to every test that needs a real server (see SERVER_FIXTURES)."""
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            continue
+        rel = Path(str(item.fspath)).resolve().relative_to(REPO_ROOT).as_posix()
+        if (item.get_closest_marker("e2e") is not None or SERVER_FIXTURES & set(getattr(item, "fixturenames", ()))
+                or rel.startswith(SLOW_FOLDERS)):
+            item.add_marker(pytest.mark.slow)
+
+
 def pytest_collection_finish(session):
     """When aiperf's tests are selected, begin installing its venv now (tests/openai/perf_venv.py), so
     that its 1-2 minutes of pip overlap the tests that run before them."""

@@ -11,10 +11,10 @@ os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
 from paddle_llm_engine.config import EngineConfig, ModelConfig  # noqa: E402
 from paddle_llm_engine.engine import LLMEngine  # noqa: E402
 from paddle_llm_engine.engine_loop import EngineLoop  # noqa: E402
-from paddle_llm_engine.errors import EngineBusyError, EngineDeadError, InvalidRequestError  # noqa: E402
+from paddle_llm_engine.errors import EngineBusyError, EngineDeadError, ErrorCode, InvalidRequestError  # noqa: E402
 from paddle_llm_engine.llm import LLM  # noqa: E402
 from paddle_llm_engine.outputs import RequestOutput  # noqa: E402
 from paddle_llm_engine.sampling_params import SamplingParams  # noqa: E402
 
-__all__ = ["LLM", "EngineBusyError", "EngineConfig", "EngineDeadError", "EngineLoop", "InvalidRequestError", "LLMEngine",
-           "ModelConfig", "RequestOutput", "SamplingParams"]
+__all__ = ["LLM", "EngineBusyError", "EngineConfig", "EngineDeadError", "EngineLoop", "ErrorCode", "InvalidRequestError",
+           "LLMEngine", "ModelConfig", "RequestOutput", "SamplingParams"]

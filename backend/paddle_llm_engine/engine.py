@@ -237,8 +237,10 @@ class LLMEngine:
                            spec_accepted_per_pos=tuple(self.spec_accepted_per_pos))
 
     def close(self) -> None:
-        """Release the executor's processes (tensor parallel workers); idempotent."""
+        """Release the executor's processes (tensor parallel workers) and the guided-decoding mask
+        thread; idempotent."""
         self.executor.close()
+        self.guided.close()
 
     def has_unfinished_requests(self) -> bool:
         """True while any request added is not finished."""
@@ -290,10 +292,9 @@ class LLMEngine:
     def _verify(self, s, row0: int, logits: np.ndarray, now: float, return_logits: bool) -> RequestOutput | None:
         """Speculative decoding: verify the draft tokens of one entry (rows row0 .. row0 + drafts of
         `logits`, spec_decode/ngram.py's flow). Position by position, with the tokens accepted so
-        far, accept the draft (sampler.draw_speculative) and append it through the usual token
-        state and output processing; the first non-accepted token (correction), or the bonus token
-        after every draft was accepted, is appended last; the first token that finishes the
-        sequence ends it. Then the rollback (Scheduler.rollback) and the counters. Returns the
+        far, accept the draft (sampler.draw_speculative) and append it as plain decoding does
+        (_append_token); the first non-accepted token (correction), or the bonus token after every
+        draft was accepted, is appended last; the first token that finishes the sequence ends it. Then the rollback (Scheduler.rollback) and the counters. Returns the
         sequence's output, or None when its request ended meanwhile.
         Guided decoding: each position's mask is the guide's after the tokens accepted before it
         (the guide consumes every appended token, guide_finished, before the next position is
@@ -311,10 +312,7 @@ class LLMEngine:
         for j in range(len(drafts) + 1):
             row = row0 + j
             tok, ok, lp = draw_speculative(logits[row], seq, st.sampling, drafts[j] if j < len(drafts) else None)
-            reason = self.scheduler.append_token(seq, tok, lp, now, self.config.max_model_len)
-            if st.sampling.guide_finished(tok, goes_on=reason is None):
-                reason = "stop"
-            text, reason = st.process(tok, reason)
+            text, reason = self._append_token(req, st, tok, lp, now)
             texts.append(text)
             if ok:
                 accepted += 1
@@ -326,9 +324,7 @@ class LLMEngine:
         self.spec_num_accepted_tokens += accepted
         if seq.spec is not None:
             seq.spec.record(len(drafts), accepted)
-        if reason is not None:
-            self._finish(req, st, reason)
-        else:
+        if reason is None:
             self.scheduler.rollback(seq, accepted)
         out = req.output(st, "".join(texts), seq_finished=reason is not None, reason=reason)
         if return_logits:
@@ -353,12 +349,7 @@ class LLMEngine:
             req = self.requests.get(st.seq.request_id)
             if req is None or st.seq.is_finished:  # aborted between schedule and now
                 continue
-            reason = self.scheduler.append_token(st.seq, token, logprob, now, self.config.max_model_len)
-            if st.sampling.guide_finished(token, goes_on=reason is None):
-                reason = "stop"  # the guide is complete (or chose a stop id): guided sequences end here
-            text, reason = st.process(token, reason)
-            if reason is not None:
-                self._finish(req, st, reason)
+            text, reason = self._append_token(req, st, token, logprob, now)
             out = req.output(st, text, seq_finished=reason is not None, reason=reason)
             if return_logits and row is not None:
                 out.logits = logits[row].copy()
@@ -369,6 +360,21 @@ class LLMEngine:
                 if out is not None:
                     outputs.append(out)
         return outputs
+
+    def _append_token(self, req: RequestState, st: SequenceState, token: int, logprob: tuple, now: float
+                      ) -> tuple[str, str | None]:
+        """Append one drawn token to a sequence, for plain decoding and for each token speculative
+        verification keeps: the token state (token, logprob (its logprob, top alternatives), times,
+        EOS / stop ids / max_tokens / max_model_len), the guide, then the output processing
+        (detokenization, stop strings, reasoning split). A finish reason ends the sequence here
+        (_finish). Returns (the text that can be sent now, the finish reason or None)."""
+        reason = self.scheduler.append_token(st.seq, token, logprob, now, self.config.max_model_len)
+        if st.sampling.guide_finished(token, goes_on=reason is None):
+            reason = "stop"  # the guide is complete (or chose a stop id): guided sequences end here
+        text, reason = st.process(token, reason)
+        if reason is not None:
+            self._finish(req, st, reason)
+        return text, reason
 
     def _finish(self, req: RequestState, st: SequenceState, reason: str) -> None:
         """A sequence ended: its blocks are freed; the request leaves when its last one has."""

@@ -29,6 +29,7 @@ import queue
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 from typing import Callable
 
 from paddle_llm_engine.engine import LLMEngine
@@ -38,6 +39,40 @@ from paddle_llm_engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 OutputCallback = Callable[[RequestOutput], None]
+
+
+# The commands callers queue for the engine thread (applied between steps).
+@dataclass(frozen=True, slots=True)
+class AddCommand:
+    """Add a checked request. prepared: LLMEngine.check_request's result; arrival: time.monotonic()
+    at submit; timeout_s: the caller's deadline in seconds from arrival (None or 0 = none)."""
+
+    request_id: str
+    prepared: object
+    num_prompt_tokens: int
+    callback: OutputCallback
+    arrival: float
+    timeout_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class AbortCommand:
+    """Abort a request (its KV blocks freed; its callback gets the aborted output)."""
+
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class FailAllCommand:
+    """End every request in flight with an error output carrying message and error_code."""
+
+    message: str
+    error_code: str
+
+
+@dataclass(frozen=True, slots=True)
+class StopCommand:
+    """Make the engine thread exit."""
 
 
 class EngineLoop:
@@ -56,7 +91,7 @@ class EngineLoop:
         self._lock = threading.Lock()
         # admission count (see the module docstring), under _admission
         self._admission = threading.Lock()
-        self._queued = 0           # "add" commands not yet applied by the engine thread
+        self._queued = 0           # AddCommands not yet applied by the engine thread
         self._engine_waiting = engine.num_waiting  # refreshed on the engine thread
         self._engine_free_slots = engine.num_free_seq_slots  # likewise
         self._stopping = False
@@ -106,7 +141,8 @@ class EngineLoop:
             raise
         with self._lock:  # a failure decided under this lock has drained the queue or will see this add
             if self.error is None and not self._stopping:
-                self._commands.put(("add", request_id, prepared, len(prompt_token_ids), callback, arrival, timeout_s))
+                self._commands.put(AddCommand(request_id, prepared, len(prompt_token_ids), callback, arrival,
+                                              timeout_s))
                 return
         with self._admission:
             self._queued -= 1
@@ -120,13 +156,13 @@ class EngineLoop:
                                   if self.error else "the engine is stopped")
 
     def abort(self, request_id: str) -> None:
-        self._commands.put(("abort", request_id))
+        self._commands.put(AbortCommand(request_id))
 
     def fail_all(self, message: str, error_code: str = "unavailable") -> None:
         """Between steps: abort every request in flight (KV blocks freed) and end each with an error
         output (finish_reason "error", `error_code`) carrying `message`; the loop keeps serving.
         Used when a drain's grace period ends."""
-        self._commands.put(("fail_all", message, error_code))
+        self._commands.put(FailAllCommand(message, error_code))
 
     @property
     def num_in_flight(self) -> int:
@@ -143,7 +179,7 @@ class EngineLoop:
             self._stopping = True
             callbacks, self._callbacks = self._callbacks, {}
         self._fail_callbacks(callbacks, f"engine failure: {reason}")
-        self._commands.put(("stop",))  # should the stuck step return, the thread then exits
+        self._commands.put(StopCommand())  # should the stuck step return, the thread then exits
         return True
 
     def shutdown(self, timeout: float = 10.0, message: str = "the engine is stopped") -> None:
@@ -152,52 +188,54 @@ class EngineLoop:
         `message`, so that no caller waits for an output that cannot come."""
         with self._lock:
             self._stopping = True
-        self._commands.put(("stop",))
+        self._commands.put(StopCommand())
         self._thread.join(timeout)
         with self._lock:
             callbacks, self._callbacks = self._callbacks, {}
         self._fail_callbacks(callbacks, message, "unavailable", failure=False)
 
     # -- engine thread ---------------------------------------------------------------------------
-    def _apply(self, cmd) -> None:
-        kind = cmd[0]
-        if kind == "add":
-            _, rid, prepared, n_prompt, cb, t, timeout_s = cmd
-            try:
-                self.engine.add_prepared(rid, prepared, arrival_time=t, timeout_s=timeout_s)
-            except (ValueError, EngineBusyError) as e:
-                busy = isinstance(e, EngineBusyError)
-                self._refresh_waiting(applied_add=True)
-                cb(RequestOutput(request_id=rid, finished=True, finish_reason="error", error=str(e),
-                                 error_code="unavailable" if busy else "invalid_arg",
-                                 rejected="queue_full" if busy else "invalid",
-                                 num_prompt_tokens=n_prompt, arrival_time=t))
-                if getattr(e, "field", None) is None:
-                    log.warning("request %s rejected: %s", rid, e)
-                return
-            self._refresh_waiting(applied_add=True)
-            with self._lock:
-                self._callbacks[rid] = cb
-        elif kind == "abort":
-            out = self.engine.abort_request(cmd[1])
+    def _apply(self, cmd: AddCommand | AbortCommand | FailAllCommand) -> None:
+        if isinstance(cmd, AddCommand):
+            self._apply_add(cmd)
+        elif isinstance(cmd, AbortCommand):
+            out = self.engine.abort_request(cmd.request_id)
             self._refresh_waiting()
             with self._lock:
-                cb = self._callbacks.pop(cmd[1], None)
+                cb = self._callbacks.pop(cmd.request_id, None)
             if out is not None and cb is not None:
                 cb(out)
-        elif kind == "fail_all":
+        elif isinstance(cmd, FailAllCommand):
             with self._lock:
                 callbacks, self._callbacks = self._callbacks, {}
             for rid in callbacks:
                 self.engine.abort_request(rid)
             self._refresh_waiting()
-            log.warning("failing %d requests in flight: %s", len(callbacks), cmd[1])
+            log.warning("failing %d requests in flight: %s", len(callbacks), cmd.message)
             for rid, cb in callbacks.items():
-                cb(RequestOutput(request_id=rid, finished=True, finish_reason="error", error=cmd[1],
-                                 error_code=cmd[2]))
+                cb(RequestOutput(request_id=rid, finished=True, finish_reason="error", error=cmd.message,
+                                 error_code=cmd.error_code))
+
+    def _apply_add(self, cmd: AddCommand) -> None:
+        rid, cb, t = cmd.request_id, cmd.callback, cmd.arrival
+        try:
+            self.engine.add_prepared(rid, cmd.prepared, arrival_time=t, timeout_s=cmd.timeout_s)
+        except (ValueError, EngineBusyError) as e:
+            busy = isinstance(e, EngineBusyError)
+            self._refresh_waiting(applied_add=True)
+            cb(RequestOutput(request_id=rid, finished=True, finish_reason="error", error=str(e),
+                             error_code="unavailable" if busy else "invalid_arg",
+                             rejected="queue_full" if busy else "invalid",
+                             num_prompt_tokens=cmd.num_prompt_tokens, arrival_time=t))
+            if getattr(e, "field", None) is None:
+                log.warning("request %s rejected: %s", rid, e)
+            return
+        self._refresh_waiting(applied_add=True)
+        with self._lock:
+            self._callbacks[rid] = cb
 
     def _refresh_waiting(self, applied_add: bool = False) -> None:
-        """Engine thread: the admission count follows the engine (an applied "add" moves from
+        """Engine thread: the admission count follows the engine (an applied AddCommand moves from
         queued to the scheduler's waiting queue, or out when refused)."""
         with self._admission:
             if applied_add:
@@ -206,12 +244,12 @@ class EngineLoop:
             self._engine_free_slots = self.engine.num_free_seq_slots
 
     def _drain_commands(self) -> bool:
-        """Apply queued commands; block for one when the engine is idle. False on "stop"."""
+        """Apply queued commands; block for one when the engine is idle. False on StopCommand."""
         applied = False
         try:
             cmd = self._commands.get(block=not self.engine.has_unfinished_requests())
             while True:
-                if cmd[0] == "stop":
+                if isinstance(cmd, StopCommand):
                     return False
                 self._apply(cmd)
                 applied = True
@@ -265,23 +303,23 @@ class EngineLoop:
         self._fail_callbacks(callbacks, f"engine failure: {reason}")
 
     def _fail_queued(self, message: str, error_code: str = "internal") -> None:
-        """Answer every "add" still queued with an error output (any thread; the queue hands each
+        """Answer every AddCommand still queued with an error output (any thread; the queue hands each
         command to one taker). Called once the failure or stop is decided, so nothing new is queued."""
         while True:
             try:
                 cmd = self._commands.get_nowait()
             except queue.Empty:
                 return
-            if cmd[0] != "add":
+            if not isinstance(cmd, AddCommand):
                 continue
             with self._admission:
                 self._queued -= 1
-            _, rid, _, n_prompt, cb, t, _ = cmd  # submit's ("add", ...) tuple
             try:
-                cb(RequestOutput(request_id=rid, finished=True, finish_reason="error", error=message,
-                                 error_code=error_code, num_prompt_tokens=n_prompt, arrival_time=t))
+                cmd.callback(RequestOutput(request_id=cmd.request_id, finished=True, finish_reason="error",
+                                           error=message, error_code=error_code,
+                                           num_prompt_tokens=cmd.num_prompt_tokens, arrival_time=cmd.arrival))
             except Exception:
-                log.exception("output callback of request %s failed", rid)
+                log.exception("output callback of request %s failed", cmd.request_id)
 
     def _fail_callbacks(self, callbacks: dict, message: str, error_code: str = "internal",
                         failure: bool = True) -> None:

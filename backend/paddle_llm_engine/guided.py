@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from paddle_llm_engine.errors import InvalidRequestError
+from paddle_llm_engine.errors import ErrorCode, InvalidRequestError
 from paddle_llm_structured.any_json import any_json_schema
 from paddle_llm_structured.closed_schema import close_schema
 from paddle_llm_structured.json_layout import json_options
@@ -50,8 +50,8 @@ class GuideSpec:
         unused), "regex" (value: the pattern; the whole output must match it), "choice" (value: a
         JSON list of strings; the output is exactly one of them), "grammar" (value: a GBNF / EBNF
         grammar as llama.cpp and xgrammar write them, `root ::= ...`, or a Lark grammar).
-    field: the request field the guide came from (e.g. "guided_decoding_guide" or
-        "sampling_parameters.structured_outputs.json"); errors name it.
+    field: the request field the guide came from, as the caller names it for its clients (default
+        "guide"); errors name it (INVALID_GUIDE).
     whitespace_flexible: JSON kinds: True (default) allows the bounded whitespace of
         paddle_llm_structured.json_layout between tokens; False is compact JSON (vLLM's
         disable_any_whitespace); whitespace_pattern: JSON kinds: a regex for each whitespace run
@@ -91,8 +91,10 @@ class GuideSpec:
         except InvalidRequestError:
             raise
         except Exception as e:  # json / GBNF conversion errors
-            raise InvalidRequestError(self.field, f"invalid {self.kind.replace('_', ' ')}: {e}") from None
-        raise InvalidRequestError(self.field, f"unknown guide kind {self.kind!r} (one of {', '.join(GUIDE_KINDS)})")
+            raise InvalidRequestError(self.field, f"invalid {self.kind.replace('_', ' ')}: {e}",
+                                      ErrorCode.INVALID_GUIDE) from None
+        raise InvalidRequestError(self.field, f"unknown guide kind {self.kind!r} (one of {', '.join(GUIDE_KINDS)})",
+                                  ErrorCode.INVALID_GUIDE)
 
     def check(self) -> None:
         """Compile the guide without a tokenizer (cheap: milliseconds), so that a malformed schema,
@@ -101,7 +103,8 @@ class GuideSpec:
 
         err = llguidance.LLMatcher.validate_grammar(self.grammar())
         if err:
-            raise InvalidRequestError(self.field, f"invalid {self.kind.replace('_', ' ')}: {_first_lines(err)}")
+            raise InvalidRequestError(self.field, f"invalid {self.kind.replace('_', ' ')}: {_first_lines(err)}",
+                                      ErrorCode.INVALID_GUIDE)
 
 
 def _first_lines(text: str, n: int = 6) -> str:
@@ -213,6 +216,7 @@ class GuidedDecoding:
         self.eos_token_ids = list(eos_token_ids)
         self._tokenizer = None
         self._executor: ThreadPoolExecutor | None = None
+        self._closed = False
         self._lock = threading.Lock()
         self.mask_words = 0
         self.tokenizer_eos_ids: frozenset[int] = frozenset()
@@ -244,11 +248,23 @@ class GuidedDecoding:
             return self._tokenizer
 
     def submit(self, fn) -> Future:
-        """Run fn on the mask worker thread (started on first use)."""
+        """Run fn on the mask worker thread (started on first use). Raises RuntimeError after close()."""
         with self._lock:
+            if self._closed:
+                raise RuntimeError("guided decoding is closed (the engine was closed)")
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llm-guided-mask")
-        return self._executor.submit(fn)
+            return self._executor.submit(fn)
+
+    def close(self) -> None:
+        """Stop the mask worker thread (masks not yet started are cancelled); idempotent. Called by
+        LLMEngine.close: an engine closed and rebuilt in the same process (a model reload) would
+        otherwise leave one idle thread behind each time."""
+        with self._lock:
+            self._closed = True
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
 
     def new_state(self, spec: GuideSpec, stop_ids: list[int]) -> GuideState:
         """Compile the guide for one sequence and start its first mask. Raises InvalidRequestError
@@ -259,5 +275,5 @@ class GuidedDecoding:
         matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise InvalidRequestError(spec.field, f"invalid {spec.kind.replace('_', ' ')}: "
-                                                  f"{_first_lines(matcher.get_error())}")
+                                                  f"{_first_lines(matcher.get_error())}", ErrorCode.INVALID_GUIDE)
         return GuideState(self, matcher, stop_ids)

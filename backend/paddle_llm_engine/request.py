@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from paddle_llm_engine.errors import InvalidRequestError
+from paddle_llm_engine.errors import ErrorCode, InvalidRequestError
 from paddle_llm_engine.guided import GuidedDecoding
 from paddle_llm_engine.reasoning import EngineReasoning, ReasoningParser
 from paddle_llm_engine.sampling_params import SamplingParams, check_lengths, check_prompt_length
@@ -60,18 +60,20 @@ class RequestChecker:
 
     def check(self, prompt_token_ids: list[int], params: SamplingParams) -> PreparedRequest:
         """The PreparedRequest of a prompt (token ids) and its params. Raises InvalidRequestError
-        naming the field: text_input (empty, too long), input_ids (an id outside the vocabulary),
-        max_tokens, a SamplingParams field, the guide's field when it does not compile,
-        reasoning_parser (unknown, or unusable with this tokenizer), reasoning_max_tokens (a budget
-        without a reasoning parser)."""
+        naming the field, with its ErrorCode: prompt (PROMPT_EMPTY, PROMPT_TOO_LONG),
+        prompt_token_ids (TOKEN_OUT_OF_VOCABULARY), max_tokens (MAX_TOKENS_TOO_LARGE), a
+        SamplingParams field (INVALID_SAMPLING_PARAM), the guide's field when it does not compile
+        (INVALID_GUIDE), reasoning_parser (unknown, or unusable with this tokenizer) and
+        reasoning_max_tokens (a budget without a reasoning parser) (INVALID_REASONING)."""
         if len(prompt_token_ids) == 0:
-            raise InvalidRequestError("text_input", "the prompt is empty (0 tokens)")
+            raise InvalidRequestError("prompt", "the prompt is empty (0 tokens)", ErrorCode.PROMPT_EMPTY)
         ids = [int(t) for t in params.truncated_prompt(list(prompt_token_ids), self.max_model_len)]
         check_prompt_length(len(ids), self.max_model_len)
         vocab = self.vocab_size
         bad = [t for t in (min(ids), max(ids)) if not 0 <= t < vocab]
         if bad:  # the embedding lookup would fail the whole step, and with it every request in flight
-            raise InvalidRequestError("input_ids", f"token id {bad[0]} outside the vocabulary [0, {vocab})")
+            raise InvalidRequestError("prompt_token_ids", f"token id {bad[0]} outside the vocabulary [0, {vocab})",
+                                      ErrorCode.TOKEN_OUT_OF_VOCABULARY)
         params.validate(vocab)
         max_tokens = check_lengths(len(ids), params.max_tokens, self.max_model_len)
         eos = tuple(params.eos_token_ids) if params.eos_token_ids is not None else self.eos_token_ids
@@ -86,10 +88,12 @@ class RequestChecker:
         if self.reasoning is not None:
             parser = self.reasoning.for_request(frozen.reasoning_parser)
         elif frozen.reasoning_parser not in (None, "none"):
-            raise InvalidRequestError("reasoning_parser", "this engine has no reasoning parsers")
+            raise InvalidRequestError("reasoning_parser", "this engine has no reasoning parsers",
+                                      ErrorCode.INVALID_REASONING)
         if parser is not None:
             at_start = parser.thinks_at_start(ids)
         elif frozen.reasoning_max_tokens is not None:
             raise InvalidRequestError("reasoning_max_tokens", "the model has no thinking span to budget (its "
-                                                              "reasoning parser is off: reasoning_parser none)")
+                                                              "reasoning parser is off: reasoning_parser none)",
+                                      ErrorCode.INVALID_REASONING)
         return PreparedRequest(tuple(ids), frozen, max_tokens, eos, bad_words, guides, parser, at_start)

@@ -8,7 +8,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from paddle_llm_engine.errors import InvalidRequestError
+from paddle_llm_engine.errors import ErrorCode, InvalidRequestError
 from paddle_llm_engine.guided import GuideSpec
 
 
@@ -18,27 +18,35 @@ FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence
 
 def check_prompt_length(num_prompt_tokens: int, max_model_len: int) -> None:
     """The prompt alone must leave room for one generated token. Raises InvalidRequestError naming
-    text_input with the prompt's length and the limit (the contracts raise the same text)."""
+    the prompt (PROMPT_TOO_LONG) with the prompt's length and the limit."""
     n, limit = num_prompt_tokens, max_model_len
     if n > limit:
-        raise InvalidRequestError("text_input", f"the prompt has {n} tokens, more than max_model_len {limit} "
-                                                f"(at most {limit - 1} prompt tokens, to leave room for output)")
+        raise InvalidRequestError("prompt", f"the prompt has {n} tokens, more than max_model_len {limit} "
+                                            f"(at most {limit - 1} prompt tokens, to leave room for output)",
+                                  ErrorCode.PROMPT_TOO_LONG)
     if n == limit:
-        raise InvalidRequestError("text_input", f"the prompt has {n} tokens, as many as max_model_len {limit}, "
-                                                f"which leaves no room for output (at most {limit - 1})")
+        raise InvalidRequestError("prompt", f"the prompt has {n} tokens, as many as max_model_len {limit}, "
+                                            f"which leaves no room for output (at most {limit - 1})",
+                                  ErrorCode.PROMPT_TOO_LONG)
 
 
 def check_lengths(num_prompt_tokens: int, max_tokens: int | None, max_model_len: int) -> int:
     """The resolved max_tokens of a prompt of num_prompt_tokens (after truncation): max_tokens, or
-    max_model_len - prompt when None. Raises InvalidRequestError naming text_input when the prompt
-    leaves no room for output (check_prompt_length), max_tokens when prompt + max_tokens exceeds
-    max_model_len."""
+    max_model_len - prompt when None. Raises InvalidRequestError naming the prompt when it
+    leaves no room for output (check_prompt_length), max_tokens (MAX_TOKENS_TOO_LARGE) when prompt +
+    max_tokens exceeds max_model_len."""
     check_prompt_length(num_prompt_tokens, max_model_len)
     resolved = max_tokens if max_tokens is not None else max_model_len - num_prompt_tokens
     if num_prompt_tokens + resolved > max_model_len:
         raise InvalidRequestError("max_tokens", f"prompt ({num_prompt_tokens} tokens) + max_tokens ({resolved}) "
-                                                f"exceeds max_model_len ({max_model_len})")
+                                                f"exceeds max_model_len ({max_model_len})",
+                                  ErrorCode.MAX_TOKENS_TOO_LARGE)
     return resolved
+
+
+def _bad_param(field: str, message: str) -> InvalidRequestError:
+    """The error of a SamplingParams field out of its range (INVALID_SAMPLING_PARAM)."""
+    return InvalidRequestError(field, message, ErrorCode.INVALID_SAMPLING_PARAM)
 
 
 @dataclass
@@ -150,54 +158,54 @@ class SamplingParams:
         for name in FLOAT_FIELDS:
             v = getattr(self, name)
             if not math.isfinite(v):
-                raise InvalidRequestError(name, f"must be a finite number, got {v}")
+                raise _bad_param(name, f"must be a finite number, got {v}")
         if not (self.temperature >= 0.0):
-            raise InvalidRequestError("temperature", f"must be >= 0, got {self.temperature}")
+            raise _bad_param("temperature", f"must be >= 0, got {self.temperature}")
         if self.top_k < -1:
-            raise InvalidRequestError("top_k", f"must be -1, 0 (disabled) or >= 1, got {self.top_k}")
+            raise _bad_param("top_k", f"must be -1, 0 (disabled) or >= 1, got {self.top_k}")
         if not (0.0 < self.top_p <= 1.0):
-            raise InvalidRequestError("top_p", f"must be in (0, 1], got {self.top_p}")
+            raise _bad_param("top_p", f"must be in (0, 1], got {self.top_p}")
         if self.max_tokens is not None and self.max_tokens <= 0:
-            raise InvalidRequestError("max_tokens", f"must be >= 1, got {self.max_tokens}")
+            raise _bad_param("max_tokens", f"must be >= 1, got {self.max_tokens}")
         if self.min_tokens < 0:
-            raise InvalidRequestError("min_tokens", f"must be >= 0, got {self.min_tokens}")
+            raise _bad_param("min_tokens", f"must be >= 0, got {self.min_tokens}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise InvalidRequestError(
+            raise _bad_param(
                 "min_tokens", f"({self.min_tokens}) must be <= max_tokens ({self.max_tokens})"
             )
         if self.seed is not None and not (0 <= self.seed < 2**64):
-            raise InvalidRequestError("seed", f"must be in [0, 2^64), got {self.seed}")
+            raise _bad_param("seed", f"must be in [0, 2^64), got {self.seed}")
         if not (1 <= self.n <= MAX_SEQUENCES):
-            raise InvalidRequestError("n", f"must be in [1, {MAX_SEQUENCES}], got {self.n}")
-        for name, ids in (("stop_token_ids", self.stop_token_ids), ("end_id", self.eos_token_ids or [])):
+            raise _bad_param("n", f"must be in [1, {MAX_SEQUENCES}], got {self.n}")
+        for name, ids in (("stop_token_ids", self.stop_token_ids), ("eos_token_ids", self.eos_token_ids or [])):
             for t in ids:
                 if not (0 <= t < vocab_size):
-                    raise InvalidRequestError(name, f"token id {t} outside the vocabulary [0, {vocab_size})")
+                    raise _bad_param(name, f"token id {t} outside the vocabulary [0, {vocab_size})")
         if not (0.0 <= self.min_p <= 1.0):
-            raise InvalidRequestError("min_p", f"must be in [0, 1], got {self.min_p}")
+            raise _bad_param("min_p", f"must be in [0, 1], got {self.min_p}")
         if not (self.repetition_penalty > 0.0):
-            raise InvalidRequestError("repetition_penalty", f"must be > 0, got {self.repetition_penalty}")
+            raise _bad_param("repetition_penalty", f"must be > 0, got {self.repetition_penalty}")
         for name in ("presence_penalty", "frequency_penalty"):
             v = getattr(self, name)
             if not (-2.0 <= v <= 2.0):
-                raise InvalidRequestError(name, f"must be in [-2, 2], got {v}")
+                raise _bad_param(name, f"must be in [-2, 2], got {v}")
         if self.logprobs is not None and not (0 <= self.logprobs <= 20):
-            raise InvalidRequestError("logprobs", f"must be in [0, 20], got {self.logprobs}")
+            raise _bad_param("logprobs", f"must be in [0, 20], got {self.logprobs}")
         for s in self.stop:
             if not s:
-                raise InvalidRequestError("stop", "stop strings must be non-empty")
+                raise _bad_param("stop", "stop strings must be non-empty")
         for t, b in self.logit_bias.items():
             if not (0 <= t < vocab_size):
-                raise InvalidRequestError("logit_bias", f"token id {t} outside the vocabulary [0, {vocab_size})")
+                raise _bad_param("logit_bias", f"token id {t} outside the vocabulary [0, {vocab_size})")
             if not math.isfinite(b):
-                raise InvalidRequestError("logit_bias", f"the bias of token {t} must be a finite number, got {b}")
+                raise _bad_param("logit_bias", f"the bias of token {t} must be a finite number, got {b}")
         if self.allowed_token_ids is not None:
             if not self.allowed_token_ids:
-                raise InvalidRequestError("allowed_token_ids", "must not be empty")
+                raise _bad_param("allowed_token_ids", "must not be empty")
             for t in self.allowed_token_ids:
                 if not (0 <= t < vocab_size):
-                    raise InvalidRequestError("allowed_token_ids",
-                                              f"token id {t} outside the vocabulary [0, {vocab_size})")
+                    raise _bad_param("allowed_token_ids",
+                                     f"token id {t} outside the vocabulary [0, {vocab_size})")
         self._validate_extras()
 
     def _validate_extras(self) -> None:
@@ -205,11 +213,11 @@ class SamplingParams:
         engine's check)."""
         if self.truncate_prompt_tokens is not None and not (self.truncate_prompt_tokens >= 1
                                                             or self.truncate_prompt_tokens == -1):
-            raise InvalidRequestError("truncate_prompt_tokens",
-                                      f"must be >= 1 or -1, got {self.truncate_prompt_tokens}")
+            raise _bad_param("truncate_prompt_tokens",
+                             f"must be >= 1 or -1, got {self.truncate_prompt_tokens}")
         if self.reasoning_max_tokens is not None and not self.reasoning_max_tokens >= 0:
-            raise InvalidRequestError("reasoning_max_tokens", f"must be >= 0 (0 ends the thinking at once), "
-                                                              f"got {self.reasoning_max_tokens}")
+            raise _bad_param("reasoning_max_tokens", f"must be >= 0 (0 ends the thinking at once), "
+                                                     f"got {self.reasoning_max_tokens}")
 
     def truncated_prompt(self, prompt_token_ids: list[int], max_model_len: int) -> list[int]:
         """The prompt as the engine runs it: its last truncate_prompt_tokens tokens (-1: the last

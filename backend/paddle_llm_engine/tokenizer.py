@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 
-from paddle_llm_engine.errors import InvalidRequestError
+from paddle_llm_engine.errors import ErrorCode, InvalidRequestError
 
 
 @functools.lru_cache(maxsize=4)
@@ -39,17 +39,18 @@ def max_token_bytes(tokenizer) -> int:
     return max((len(t.encode("utf-8")) for t in tokenizer.get_vocab()), default=1) or 1
 
 
-def check_prompt_bytes(tokenizer, text: str, max_tokens: int, field: str = "text_input",
+def check_prompt_bytes(tokenizer, text: str, max_tokens: int, field: str = "prompt",
                        limit_name: str = "max_model_len") -> None:
     """Refuse, before tokenizing it, a prompt so long that it must exceed `max_tokens` tokens: more
     than max_tokens x max_token_bytes(tokenizer) bytes. Tokenizing is linear in the text (50 MB took
     85 s on 2 cores) and nothing of such a prompt could be served. A tokenizer whose normalizer drops
     text (e.g. collapses whitespace) could fit a longer text: it is refused as well, by this rule.
-    limit_name: what max_tokens is, for the message. Raises InvalidRequestError(field)."""
+    field: the prompt's name in the caller's terms; limit_name: what max_tokens is, for the message.
+    Raises InvalidRequestError(field, ..., PROMPT_TOO_LONG)."""
     per_token = max_token_bytes(tokenizer)
     limit = max_tokens * per_token
     if len(text) > limit:  # characters <= bytes: the common case never encodes the text
         n = len(text.encode("utf-8"))
         raise InvalidRequestError(field, f"too long: {n} bytes cannot fit in {limit_name} {max_tokens} tokens "
                                          f"(a token of this model stands for at most {per_token} bytes, so at "
-                                         f"most {limit} bytes can)")
+                                         f"most {limit} bytes can)", ErrorCode.PROMPT_TOO_LONG)

@@ -11,7 +11,8 @@ import types
 
 import pytest
 
-from paddle_llm_engine import LLM, EngineBusyError, EngineConfig, EngineLoop, InvalidRequestError, ModelConfig
+from paddle_llm_engine import (LLM, EngineBusyError, EngineConfig, EngineLoop, ErrorCode, InvalidRequestError,
+                               ModelConfig)
 from paddle_llm_engine.outputs import EngineStats
 from test_engine_tiny import greedy, make_engine, prompt
 
@@ -208,8 +209,8 @@ def test_invalid_request_is_refused_by_submit_naming_the_field(tiny_model_dir):
     finally:
         loop.shutdown()
     assert got == []
-    assert ei.value.field == "text_input"
-    assert str(ei.value).startswith("text_input: the prompt has 200 tokens, more than max_model_len 128")
+    assert (ei.value.field, ei.value.code) == ("prompt", ErrorCode.PROMPT_TOO_LONG)
+    assert str(ei.value).startswith("prompt: the prompt has 200 tokens, more than max_model_len 128")
 
 
 # -- settings ----------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from paddle_llm_engine import LLM, EngineConfig, InvalidRequestError, LLMEngine, SamplingParams
+from paddle_llm_engine import LLM, EngineConfig, ErrorCode, InvalidRequestError, LLMEngine, SamplingParams
 
 BLOCK = 16
 MAX_LEN = 128
@@ -169,15 +169,17 @@ def test_stop_string_cuts_text(engine):
 
 
 def test_invalid_requests_rejected(engine):
+    """The engine names fields in its own terms, with an ErrorCode (the contracts rename the prompt
+    text_input, its ids input_ids: test_input_edges.py, test_contracts.py)."""
     with pytest.raises(InvalidRequestError) as ei:
         engine.add_request("x", [], greedy(4))
-    assert ei.value.field == "text_input"
+    assert (ei.value.field, ei.value.code) == ("prompt", ErrorCode.PROMPT_EMPTY)
     with pytest.raises(InvalidRequestError) as ei:
         engine.add_request("x", prompt(MAX_LEN), greedy(4))
-    assert ei.value.field == "text_input"
+    assert (ei.value.field, ei.value.code) == ("prompt", ErrorCode.PROMPT_TOO_LONG)
     with pytest.raises(InvalidRequestError) as ei:
         engine.add_request("x", prompt(MAX_LEN - 4), greedy(10))
-    assert ei.value.field == "max_tokens"
+    assert (ei.value.field, ei.value.code) == ("max_tokens", ErrorCode.MAX_TOKENS_TOO_LARGE)
     with pytest.raises(InvalidRequestError) as ei:
         engine.add_request("x", prompt(4), SamplingParams(top_p=2.0))
     assert ei.value.field == "top_p"
@@ -185,7 +187,8 @@ def test_invalid_requests_rejected(engine):
     for bad in (vocab, -1):  # would fail the model's embedding lookup, and so the whole step
         with pytest.raises(InvalidRequestError) as ei:
             engine.add_request("x", prompt(4) + [bad], greedy(4))
-        assert ei.value.field == "input_ids" and str(bad) in str(ei.value)
+        assert ei.value.field == "prompt_token_ids" and str(bad) in str(ei.value)
+        assert ei.value.code is ErrorCode.TOKEN_OUT_OF_VOCABULARY
     assert not engine.has_unfinished_requests()
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import threading
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ import pytest
 from test_engine_tiny import make_engine, prompt, run
 
 from paddle_llm_engine import InvalidRequestError, SamplingParams
-from paddle_llm_engine.guided import GuideSpec
+from paddle_llm_engine.guided import GuidedDecoding, GuideSpec
 from paddle_llm_triton.contracts import guided as G
 from paddle_llm_triton.contracts import trtllm
 from paddle_llm_triton.contracts.vllm import from_vllm_json, to_json
@@ -328,3 +329,16 @@ def test_unguided_requests_never_build_the_llguidance_tokenizer(tiny_model_dir):
     eng = make_engine(tiny_model_dir)
     run(eng, {"u": (prompt(8), params(None, 4))})
     assert eng.guided._tokenizer is None and eng.guided._executor is None
+
+
+def test_guided_decoding_close_stops_its_mask_thread():
+    g = GuidedDecoding("unused", vocab_size=8, eos_token_ids=[0])
+    ident = g.submit(threading.get_ident).result(timeout=10)
+    worker = next(t for t in threading.enumerate() if t.ident == ident)
+    assert worker.name.startswith("llm-guided-mask")
+    g.close()
+    g.close()  # idempotent
+    worker.join(timeout=10)
+    assert not worker.is_alive()
+    with pytest.raises(RuntimeError, match="closed"):
+        g.submit(lambda: 0)

@@ -12,11 +12,12 @@ import math
 
 import pytest
 
-from paddle_llm_engine.errors import InvalidRequestError
+from paddle_llm_engine.errors import ErrorCode, InvalidRequestError
 from paddle_llm_engine.sampling_params import FLOAT_FIELDS, SamplingParams, check_prompt_length
 from paddle_llm_triton.config_params import engine_config_from_triton
 from paddle_llm_triton.contracts import trtllm
 from paddle_llm_triton.contracts.trtllm import from_pipeline_json, from_trtllm_tensors
+from paddle_llm_triton.contracts.values import triton_error
 from paddle_llm_triton.contracts.vllm import (STREAM_PROMPT_REFUSAL, check_max_tokens, check_stream_prompt,
                                               from_request_parameters, from_vllm_json, to_json)
 from paddle_llm_triton.contracts.timeout import timeout_seconds, timeout_us
@@ -150,6 +151,24 @@ def test_a_prompt_alone_over_max_model_len_names_text_input_not_max_tokens():
     e = error_of(check_max_tokens, SamplingParams(max_tokens=10), 8190, 8192)
     assert e.field == "sampling_parameters.max_tokens" and "8190" in str(e) and "8192" in str(e)
     check_prompt_length(8191, 8192)
+
+
+def test_engine_field_names_reach_clients_as_the_triton_inputs_name_them():
+    """The engine names fields in its own terms (prompt, prompt_token_ids, eos_token_ids); the
+    contracts answer under their inputs' names, code and message kept."""
+    for field, name in (("prompt", "text_input"), ("prompt_token_ids", "input_ids"), ("eos_token_ids", "end_id")):
+        e = triton_error(InvalidRequestError(field, "bad", ErrorCode.PROMPT_TOO_LONG))
+        assert (str(e), e.code) == (f"{name}: bad", ErrorCode.PROMPT_TOO_LONG)
+    same = InvalidRequestError("max_tokens", "bad")
+    assert triton_error(same) is same
+    e = error_of(from_vllm_json, json.dumps({"end_id": [VOCAB]}), VOCAB)
+    assert (e.field, e.code) == ("sampling_parameters.end_id", ErrorCode.INVALID_SAMPLING_PARAM)
+    e = error_of(from_trtllm_tensors, {"end_id": VOCAB}, VOCAB)
+    assert (e.field, e.code) == ("end_id", ErrorCode.INVALID_SAMPLING_PARAM)
+    e = error_of(from_pipeline_json, json.dumps({"structured_outputs": {"regex": "(("}}))
+    assert (e.field, e.code) == ("guided_decoding_guide", ErrorCode.INVALID_GUIDE)
+    e = error_of(check_max_tokens, SamplingParams(max_tokens=8), 9000, 8192)
+    assert e.code is ErrorCode.PROMPT_TOO_LONG
 
 
 # -- the vLLM backend's streamed refusal -------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from paddle_llm_engine.errors import InvalidRequestError
+from paddle_llm_engine.errors import ErrorCode, InvalidRequestError
 from paddle_llm_engine.sampling_params import SamplingParams
 
 VOCAB = 1000
@@ -25,7 +25,7 @@ VOCAB = 1000
     ({"seed": 2**64}, "seed"),
     ({"stop_token_ids": [5, VOCAB]}, "stop_token_ids"),
     ({"stop_token_ids": [-1]}, "stop_token_ids"),
-    ({"eos_token_ids": [VOCAB + 3]}, "end_id"),  # the Triton-facing name of the EOS id
+    ({"eos_token_ids": [VOCAB + 3]}, "eos_token_ids"),  # the contracts call it end_id (test_contracts.py)
     ({"stop": ["ok", ""]}, "stop"),
     ({"min_p": 1.5}, "min_p"),
     ({"min_p": -0.1}, "min_p"),
@@ -41,6 +41,7 @@ def test_bad_value_names_the_field(kwargs, field):
     assert ei.value.field == field
     assert str(ei.value).startswith(f"{field}:")
     assert isinstance(ei.value, ValueError)
+    assert ei.value.code is ErrorCode.INVALID_SAMPLING_PARAM
 
 
 @pytest.mark.parametrize("kwargs", [

@@ -1,22 +1,22 @@
 """What goes between the engine process and its tensor-parallel worker processes.
 
-Control and step messages: pickled tuples over one Unix socket pair per worker
+Control and step messages: pickled message objects over one Unix socket pair per worker
 (multiprocessing.connection.Connection). A step message is the engine's Step (step.py: plain
 data, a few KB), pickled once and sent to every rank; each rank packs it for its own kernels.
 Logits: a file in /dev/shm mapped by the engine and every worker, [max_num_seqs, vocab] fp32; each
 rank writes its vocabulary columns of the sampled rows, so the full rows exist once every rank has
 answered, without a collective. The engine unlinks the file as soon as every worker mapped it.
 
-Messages, engine -> worker: ("init", WorkerSpec), ("blocks", n), ("step", bytes of a pickled
-Step), ("stop",).
-worker -> engine: ("sized", n) (KV blocks this rank can hold), ("ready", PlatformPlan) (what the
-rank decided to run: dtype, KV-cache dtype, kernels, quantization), ("done",), ("error", text)
-(the worker exits after sending it).
+Messages (the dataclasses below), engine -> worker: Init(WorkerSpec), Blocks(n), RunStep(bytes of a
+pickled Step), Stop().
+worker -> engine: Sized(n) (KV blocks this rank can hold), Ready(PlatformPlan) (what the rank decided
+to run: dtype, KV-cache dtype, kernels, quantization), Done(), Failed(text) (the worker exits after
+sending it).
 
 A rank on another host (EngineConfig.tp_hosts, remote.py) talks over an authenticated TCP
-connection instead: it first sends ("hello", rank, host name, pid) (the engine may answer
-("reject", reason)); it has no shared memory, so its WorkerSpec has logits_path None and its
-"done" carries its logits columns: ("done", (vocab_start, vocab_end, [rows, end - start] fp32)).
+connection instead: it first sends Hello(rank, host name, pid) (the engine may answer
+Reject(reason)); it has no shared memory, so its WorkerSpec has logits_path None and its Done
+carries its logits columns: Done((vocab_start, vocab_end, [rows, end - start] fp32)).
 """
 
 from __future__ import annotations
@@ -48,6 +48,77 @@ class WorkerSpec:
     logits_shape: tuple[int, int]
     ranks_on_host: int = 0
     env: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Init:
+    """engine -> worker, first: the rank's WorkerSpec."""
+
+    spec: WorkerSpec
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Blocks:
+    """engine -> worker: the agreed KV-cache size, in blocks (the smallest any rank can hold)."""
+
+    n: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunStep:
+    """engine -> worker: one step, the engine's Step pickled once for every rank."""
+
+    data: bytes
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Stop:
+    """engine -> worker: exit (also before Init, when the start failed elsewhere)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Sized:
+    """worker -> engine: the KV blocks this rank can hold."""
+
+    n: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Ready:
+    """worker -> engine: the cache is allocated; the rank's PlatformPlan (dtype, kernels, ...)."""
+
+    plan: object
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Done:
+    """worker -> engine: the step ran. columns: a remote rank's logits, (vocab_start, vocab_end,
+    [rows, vocab_end - vocab_start] fp32); None for a local rank (it wrote the shared file)."""
+
+    columns: tuple | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Failed:
+    """worker -> engine: the rank failed ("Type: message"); it exits after sending this."""
+
+    text: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Hello:
+    """remote worker -> engine, first after authentication: who is joining."""
+
+    rank: int
+    host: str
+    pid: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Reject:
+    """engine -> remote worker, instead of Init: why the rank was not admitted."""
+
+    reason: str
 
 
 def create_logits_file(rows: int, vocab: int) -> tuple[str, np.memmap]:

@@ -10,30 +10,19 @@ from __future__ import annotations
 
 import ctypes
 import os
-import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from multiprocessing.connection import Connection
 
+from paddle_llm_engine.executor.channel import Stop
+from paddle_llm_engine.platforms.interpreter import python_executable
+
 STOP_GRACE_S = 5.0
 PR_SET_PDEATHSIG = 1
 WORKER_MODULE = "paddle_llm_engine.executor.tp_worker"
-
-
-def python_executable() -> str:
-    """The interpreter for the workers: this one, unless this process is an embedding binary
-    (Triton's Python-backend stub), then the `python3` its PATH finds (the venv's)."""
-    exe = sys.executable or ""
-    if os.path.basename(exe).startswith("python"):
-        return exe
-    for cand in (os.path.join(sys.prefix, "bin", "python3"), shutil.which("python3")):
-        if cand and os.path.isfile(cand):
-            return cand
-    raise RuntimeError(f"no Python interpreter found for the tensor-parallel workers (sys.executable {exe!r})")
 
 
 def free_port() -> int:
@@ -97,11 +86,11 @@ def spawn_workers(envs: list[dict], procs: list) -> list[Connection]:
 
 
 def stop_workers(procs: list, conns: list, logits_path: str | None) -> None:
-    """Stop every worker (close() and the finalizer): "stop", STOP_GRACE_S, SIGKILL (a remote rank:
+    """Stop every worker (close() and the finalizer): Stop(), STOP_GRACE_S, SIGKILL (a remote rank:
     its connection closed); close the sockets and remove the logits file if it is still there."""
     for c in conns:
         try:
-            c.send(("stop",))
+            c.send(Stop())
         except (OSError, ValueError):
             pass
     deadline = time.monotonic() + STOP_GRACE_S

@@ -27,6 +27,8 @@ import struct
 import time
 from multiprocessing.connection import AuthenticationError, Connection, answer_challenge, deliver_challenge
 
+from paddle_llm_engine.executor.channel import Hello, Reject
+
 log = logging.getLogger(__name__)
 
 TOKEN_ENV = "PADDLE_LLM_TP_TOKEN"
@@ -188,7 +190,7 @@ def listen(address: str, port: int) -> socket.socket:
 
 def _admit(sock: socket.socket, peer: str, token: bytes, waiting: dict[int, str],
            addresses: dict[int, set[str]]) -> RemoteRank | None:
-    """One connection: authenticate it and read its ("hello", rank, host name, pid). The RemoteRank,
+    """One connection: authenticate it and read its Hello(rank, host name, pid). The RemoteRank,
     or None (logged, connection closed) for a peer that fails the token or claims a rank that is
     not waiting or belongs to another address."""
     try:
@@ -197,9 +199,10 @@ def _admit(sock: socket.socket, peer: str, token: bytes, waiting: dict[int, str]
         log.warning("tensor parallel: rejected a connection from %s: %s", peer, e or type(e).__name__)
         return None
     try:
-        kind, rank, hostname, pid = conn.recv()
-        if kind != "hello":
-            raise ValueError(f"expected hello, got {kind!r}")
+        hello = conn.recv()
+        if not isinstance(hello, Hello):
+            raise ValueError(f"expected Hello, got {type(hello).__name__}")
+        rank, hostname, pid = hello.rank, hello.host, hello.pid
         if rank not in waiting:
             raise ValueError(f"rank {rank} is not a remote rank waiting to join (waiting: {sorted(waiting)})")
         if peer not in addresses[rank]:
@@ -208,7 +211,7 @@ def _admit(sock: socket.socket, peer: str, token: bytes, waiting: dict[int, str]
     except (ValueError, TypeError, OSError, EOFError) as e:
         log.warning("tensor parallel: rejected %s: %s", peer, e)
         try:
-            conn.send(("reject", str(e)))
+            conn.send(Reject(str(e)))
         except OSError:
             pass
         conn.close()

@@ -8,7 +8,7 @@ step raise WorkerFailure naming its rank, pid and exit status, after the other r
 a collective) are killed; the engine loop fails the requests in flight with it, as for any engine
 failure. Start-up waits the same way, so a worker that fails to load fails the start with its own
 error, and no worker is left behind. close() (LLMEngine.close, also at interpreter exit) stops
-them: "stop", then SIGKILL after processes.STOP_GRACE_S.
+them: Stop, then SIGKILL after processes.STOP_GRACE_S.
 
 Across hosts (EngineConfig.tp_hosts): the ranks of the first entry are started here as above; the
 others are started on their hosts by the operator (tp_worker.py --connect) and join over TCP
@@ -16,7 +16,7 @@ others are started on their hosts by the operator (tp_worker.py --connect) and j
 gets paddle.distributed's launcher environment (PADDLE_TRAINER_ID, PADDLE_TRAINERS_NUM,
 PADDLE_TRAINER_ENDPOINTS, PADDLE_CURRENT_ENDPOINT, PADDLE_MASTER: the TCP store that rank 0
 hosts on the first address; GLOO_SOCKET_IFNAME: the interface of the rank's own address).
-A remote rank sends its logits columns with its "done"; its death is its connection closing
+A remote rank sends its logits columns with its Done; its death is its connection closing
 (or TCP keepalive giving up), named like a local one with its host.
 """
 
@@ -36,7 +36,8 @@ import numpy as np
 
 from paddle_llm_engine.config import EngineConfig, ModelConfig, parse_tp_hosts
 from paddle_llm_engine.executor import processes, remote
-from paddle_llm_engine.executor.channel import WorkerSpec, create_logits_file
+from paddle_llm_engine.executor.channel import (Blocks, Done, Failed, Init, Ready, RunStep, Sized, WorkerSpec,
+                                                create_logits_file)
 from paddle_llm_engine.platforms import Device, PlatformPlan, platform_for
 from paddle_llm_engine.step import Step
 from paddle_llm_engine.tp.shard import check_tensor_parallel
@@ -134,7 +135,7 @@ class TPExecutor:
 
     def _spawn(self) -> list[dict]:
         """Start the local ranks; returns every rank's paddle.distributed environment (the remote
-        ranks get theirs with "init")."""
+        ranks get theirs with Init)."""
         if len(self.hosts) == 1:
             envs, dist_envs = self._environments(), [{} for _ in range(self.size)]
         else:
@@ -193,12 +194,12 @@ class TPExecutor:
         if self.size > self.local_size:
             self._join(engine_config)
         for r, c in enumerate(self._conns):
-            c.send(("init", self._spec(r, engine_config, model_config, dist_envs[r])))
-        sized = self._gather("sized", START_TIMEOUT_S, "start")
-        self.num_kv_blocks = min(m[1] for m in sized)
+            c.send(Init(self._spec(r, engine_config, model_config, dist_envs[r])))
+        sized = self._gather(Sized, START_TIMEOUT_S, "start")
+        self.num_kv_blocks = min(m.n for m in sized)
         for c in self._conns:
-            c.send(("blocks", self.num_kv_blocks))
-        plans = [m[1] for m in self._gather("ready", START_TIMEOUT_S, "start")]
+            c.send(Blocks(self.num_kv_blocks))
+        plans = [m.plan for m in self._gather(Ready, START_TIMEOUT_S, "start")]
         if len({_plan_key(p) for p in plans}) != 1:
             self._fail(f"ranks decided different platform plans ({sorted({_plan_key(p) for p in plans})})")
         self.plan = plans[0]
@@ -207,10 +208,10 @@ class TPExecutor:
         except FileNotFoundError:
             pass
 
-    def _gather(self, kind: str, timeout: float, what: str) -> list:
-        """One message of `kind` from every rank, in rank order. Raises WorkerFailure (after
+    def _gather(self, kind: type, timeout: float, what: str) -> list:
+        """One message of `kind` (a channel message class) from every rank, in rank order. Raises WorkerFailure (after
         killing every worker) when a rank reports an error, exits, or is silent for `timeout` s."""
-        got: dict[int, tuple] = {}
+        got: dict[int, object] = {}
         pending = {c: r for r, c in enumerate(self._conns)}
         deadline = time.monotonic() + timeout
         while pending:
@@ -226,7 +227,7 @@ class TPExecutor:
                     self._fail(f"{self._who(r)} {processes.status(p)} ({what})")
         return [got[r] for r in range(len(self._conns))]
 
-    def _receive(self, c: Connection, r: int, kind: str, what: str) -> tuple:
+    def _receive(self, c: Connection, r: int, kind: type, what: str):
         """Rank r's next message, which must be of `kind` (else WorkerFailure, as _gather)."""
         try:
             msg = c.recv()
@@ -237,10 +238,10 @@ class TPExecutor:
             except subprocess.TimeoutExpired:
                 pass
             self._fail(f"{self._who(r)} {processes.status(p)} ({what})")
-        if msg[0] == "error":
-            self._fail(f"{self._dead_peer(r)}rank {r} ({self.devices[r]}) failed ({what}): {msg[1]}")
-        if msg[0] != kind:
-            self._fail(f"rank {r} sent {msg[0]!r} instead of {kind!r} ({what})")
+        if isinstance(msg, Failed):
+            self._fail(f"{self._dead_peer(r)}rank {r} ({self.devices[r]}) failed ({what}): {msg.text}")
+        if not isinstance(msg, kind):
+            self._fail(f"rank {r} sent {type(msg).__name__} instead of {kind.__name__} ({what})")
         return msg
 
     def _dead_peer(self, r: int, wait_s: float = 0.5) -> str:
@@ -297,11 +298,11 @@ class TPExecutor:
         data = pickle.dumps(step, protocol=pickle.HIGHEST_PROTOCOL)
         for c in self._conns:
             try:
-                c.send(("step", data))
+                c.send(RunStep(data))
             except OSError:
                 pass  # the rank is gone: _gather names it
-        for msg in self._gather("done", STEP_TIMEOUT_S, "step"):
-            if len(msg) > 1:  # a remote rank's logits columns
-                start, end, part = msg[1]
+        for msg in self._gather(Done, STEP_TIMEOUT_S, "step"):
+            if msg.columns is not None:  # a remote rank's logits columns
+                start, end, part = msg.columns
                 self._logits[:len(part), start:end] = part
         return np.array(self._logits[:rows])

@@ -8,16 +8,16 @@ and the paddle.distributed environment of its rank (the collective backend the p
 names for its device: gloo on CPU; on GCU the plug-in's collectives through paddle's xccl
 backend: ECCL on a GCU, tested here on the stand-in plug-in's shared-memory ones). It never
 outlives the engine process (processes.watch_parent).
-Lifecycle: "init" -> bind to the device, join the process group, build a Worker on the rank's
-shard of the model (tp/: shard plan, sharded reader, tensor-parallel model) -> "sized" (the KV
-blocks it can hold) -> "blocks" (the count every rank allocates) -> "ready" (its platform plan)
--> steps until "stop" or end of file. Any failure is sent as ("error", text) before the process
-exits, so that the engine names it.
+Lifecycle (messages of channel.py): Init -> bind to the device, join the process group, build a
+Worker on the rank's shard of the model (tp/: shard plan, sharded reader, tensor-parallel model) ->
+Sized (the KV blocks it can hold) -> Blocks (the count every rank allocates) -> Ready (its platform
+plan) -> RunStep / Done until Stop or end of file. Any failure is sent as Failed(text) before the
+process exits, so that the engine names it.
 
 Remote mode: connect (retrying for --wait s, default 600, so either side may start first),
-authenticate both ways (remote.py), say ("hello", rank, host name, pid), take the distributed
-environment from "init" (GLOO_SOCKET_IFNAME: the operator's value, else the interface of the
-address this connection leaves from), then as above, the logits columns going back with "done".
+authenticate both ways (remote.py), say Hello(rank, host name, pid), take the distributed
+environment from Init (GLOO_SOCKET_IFNAME: the operator's value, else the interface of the
+address this connection leaves from), then as above, the logits columns going back with Done.
 It exits when the engine's connection closes (a watcher thread, also while a collective blocks),
 so it never outlives the engine. --forever runs one such worker after another (a per-host agent:
 the engine reloads after a failure and waits for its ranks again).
@@ -39,9 +39,11 @@ import time
 import traceback
 from multiprocessing.connection import Connection
 
-from paddle_llm_engine.executor.channel import WorkerSpec, open_logits_file
+from paddle_llm_engine.executor.channel import (Blocks, Done, Failed, Hello, Init, Ready, Reject, Sized, Stop,
+                                                WorkerSpec, open_logits_file)
 from paddle_llm_engine.executor import remote
-from paddle_llm_engine.executor.processes import python_executable, watch_parent
+from paddle_llm_engine.executor.processes import watch_parent
+from paddle_llm_engine.platforms.interpreter import python_executable
 
 log = logging.getLogger("paddle_llm_engine.executor.tp_worker")
 
@@ -68,33 +70,33 @@ def build(spec: WorkerSpec):
 
 
 def serve(worker, shard, spec: WorkerSpec, conn: Connection) -> None:
-    """Agree on the KV-cache size, then run steps until "stop" or the engine's end of file."""
-    conn.send(("sized", worker.determine_num_kv_blocks()))
+    """Agree on the KV-cache size, then run steps until Stop or the engine's end of file."""
+    conn.send(Sized(worker.determine_num_kv_blocks()))
     msg = conn.recv()
-    if msg[0] != "blocks":
-        raise RuntimeError(f"expected the agreed KV block count, got {msg[0]!r}")
-    worker.initialize_cache(msg[1])
+    if not isinstance(msg, Blocks):
+        raise RuntimeError(f"expected the agreed KV block count, got {type(msg).__name__}")
+    worker.initialize_cache(msg.n)
     logits = open_logits_file(spec.logits_path, spec.logits_shape) if spec.logits_path else None
-    conn.send(("ready", worker.plan))
+    conn.send(Ready(worker.plan))
     while True:
         try:
             msg = conn.recv()
         except EOFError:
             return
-        if msg[0] == "stop":
+        if isinstance(msg, Stop):
             return
-        part = worker.execute(pickle.loads(msg[1]))
+        part = worker.execute(pickle.loads(msg.data))
         if logits is None:  # a remote rank: its columns go back over the connection
-            conn.send(("done", (shard.vocab_start, shard.vocab_end, part)))
+            conn.send(Done((shard.vocab_start, shard.vocab_end, part)))
             continue
         if len(part):
             logits[:len(part), shard.vocab_start:shard.vocab_end] = part
-        conn.send(("done",))
+        conn.send(Done())
 
 
 def main(argv: list[str]) -> int:
     """argv: [socket fd, engine pid], or the remote options (remote_main). Returns the exit code (0
-    after "stop", 1 on any failure)."""
+    after Stop, 1 on any failure)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s tp-worker %(levelname)s %(name)s: %(message)s")
     if argv and argv[0].startswith("--"):
         return remote_main(argv)
@@ -105,14 +107,14 @@ def main(argv: list[str]) -> int:
         msg = conn.recv()
     except EOFError:
         return 1
-    if msg[0] != "init":  # "stop": the start failed elsewhere (e.g. a remote rank never joined)
+    if not isinstance(msg, Init):  # Stop: the start failed elsewhere (e.g. a remote rank never joined)
         return 0
-    return run(msg[1], conn)
+    return run(msg.spec, conn)
 
 
 def run(spec: WorkerSpec, conn: Connection) -> int:
-    """Build and serve rank spec.rank over `conn`; the exit code (0 after "stop", 1 on a failure,
-    which is sent as ("error", text) first)."""
+    """Build and serve rank spec.rank over `conn`; the exit code (0 after Stop, 1 on a failure,
+    which is sent as Failed(text) first)."""
     try:
         worker, shard = build(spec)
         serve(worker, shard, spec, conn)
@@ -121,7 +123,7 @@ def run(spec: WorkerSpec, conn: Connection) -> int:
     except BaseException as e:
         log.error("tensor-parallel rank %d on %s failed:\n%s", spec.rank, spec.device, traceback.format_exc())
         try:
-            conn.send(("error", f"{type(e).__name__}: {e}"))
+            conn.send(Failed(f"{type(e).__name__}: {e}"))
         except OSError:
             pass
         return 1
@@ -156,11 +158,11 @@ def connect(address: str, rank: int, wait_s: float, token: bytes) -> tuple[Conne
             time.sleep(1.0)
     local_address = sock.getsockname()[0]
     conn = remote.authenticate(sock, token, engine_side=False)
-    conn.send(("hello", rank, socket.gethostname(), os.getpid()))
+    conn.send(Hello(rank, socket.gethostname(), os.getpid()))
     msg = conn.recv()
-    if msg[0] == "reject":
-        raise ConnectionError(f"the engine at {address} rejected rank {rank}: {msg[1]}")
-    spec = msg[1]
+    if isinstance(msg, Reject):
+        raise ConnectionError(f"the engine at {address} rejected rank {rank}: {msg.reason}")
+    spec = msg.spec
     env = dict(spec.env)
     if "GLOO_SOCKET_IFNAME" in os.environ:
         env.pop("GLOO_SOCKET_IFNAME", None)
@@ -190,7 +192,7 @@ def watch_engine(conn: Connection) -> None:
 
 
 def remote_main(argv: list[str]) -> int:
-    """The remote worker (see the module docstring). Returns the exit code: 0 after "stop", 1 on a
+    """The remote worker (see the module docstring). Returns the exit code: 0 after Stop, 1 on a
     failure, 2 when the engine cannot be reached or refuses this rank."""
     args = _arguments(argv)
     token = remote.load_token()

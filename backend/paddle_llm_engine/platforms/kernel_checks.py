@@ -33,6 +33,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from paddle_llm_engine.platforms.interpreter import python_executable
+
 log = logging.getLogger(__name__)
 
 # Relative tolerance per compute dtype (of the kernel's output against the composed ops').
@@ -112,9 +114,6 @@ def run_in_child(name: str, dtype: str, timeout: float = CHILD_TIMEOUT_S, **para
         fn = load_checks()[name]
     except Exception as e:
         return ChildVerdict(False, f"the check raised {type(e).__name__}: {_first_line(e)}")
-    # The interpreter, also inside Triton's Python-backend stub (whose sys.executable is the stub).
-    from paddle_llm_engine.executor.processes import python_executable
-
     args = [_CHILD_CODE, fn.__module__, fn.__qualname__, dtype, json.dumps(params)]
     try:
         proc = subprocess.run([python_executable(), "-c", *args], capture_output=True, text=True, timeout=timeout,

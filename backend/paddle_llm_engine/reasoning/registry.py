@@ -9,9 +9,9 @@ start (config.pbtxt `reasoning_parser`, EngineConfig.reasoning_parser):
 - "none": off.
 - a parser name (PARSERS, or an alias of ALIASES): that family; a tokenizer without its markers is a
   ValueError at start (the operator asked for it).
-A request may name another parser (sampling_parameters.reasoning_parser, what the OpenAI frontend's
---reasoning-parser sends): for_request(name) binds it once and caches it; an unknown name, or a
-family whose markers the tokenizer lacks, is an InvalidRequestError naming reasoning_parser.
+A request may name another parser (SamplingParams.reasoning_parser, what the OpenAI frontend's
+--reasoning-parser asks for): for_request(name) binds it once and caches it; an unknown name, or a
+family whose markers the tokenizer lacks, is an InvalidRequestError naming reasoning_parser (INVALID_REASONING).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from paddle_llm_engine.errors import InvalidRequestError
+from paddle_llm_engine.errors import ErrorCode, InvalidRequestError
 from paddle_llm_engine.reasoning.base import ReasoningParser, ReasoningUnavailable
 from paddle_llm_engine.reasoning.deepseek_r1 import DeepSeekR1ReasoningParser
 from paddle_llm_engine.reasoning.ernie45 import Ernie45ReasoningParser
@@ -111,8 +111,9 @@ class EngineReasoning:
             return self.default
         if n not in PARSERS:
             raise InvalidRequestError("reasoning_parser", f"unknown parser {name!r} (one of none, auto, "
-                                                          f"{', '.join(PARSERS)})")
+                                                          f"{', '.join(PARSERS)})", ErrorCode.INVALID_REASONING)
         try:
             return self._bind(n)
         except ReasoningUnavailable as e:
-            raise InvalidRequestError("reasoning_parser", f"{n} cannot be used with this model: {e}") from None
+            raise InvalidRequestError("reasoning_parser", f"{n} cannot be used with this model: {e}",
+                                      ErrorCode.INVALID_REASONING) from None

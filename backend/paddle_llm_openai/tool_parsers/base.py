@@ -82,12 +82,6 @@ class JsonScanner:
         return None
 
 
-def json_value_end(s: str, start: int) -> int | None:
-    """Index just past the JSON object / array that opens at s[start] (`{` or `[`), or None when it
-    is not closed within s."""
-    return JsonScanner(start).advance(s, len(s))
-
-
 def partial_suffix(text: str, tag: str) -> int:
     """Length of the longest proper prefix of `tag` that `text` ends with (0 if none)."""
     for k in range(min(len(tag) - 1, len(text)), 0, -1):

@@ -17,6 +17,7 @@ from paddle_llm_engine.errors import InvalidRequestError
 from paddle_llm_engine.sampling_params import MAX_SEQUENCES, SamplingParams
 from paddle_llm_triton import tensors as T
 from paddle_llm_triton.contracts import guided
+from paddle_llm_triton.contracts.values import triton_error
 from paddle_llm_triton.contracts.vllm import from_vllm_json
 
 INT_TENSORS = ("max_tokens", "top_k", "end_id", "pad_id", "min_tokens", "min_length", "beam_width",
@@ -100,7 +101,10 @@ def from_trtllm_tensors(values: dict, vocab_size: int) -> SamplingParams:
         raise InvalidRequestError("top_p", f"must be in [0, 1] (0 = off), got {p.top_p}")
     if p.top_p == 0.0:
         p.top_p = 1.0  # no nucleus filter, in the engine's terms
-    p.validate(vocab_size)
+    try:
+        p.validate(vocab_size)
+    except InvalidRequestError as e:  # the engine's rule, under the tensor's name (eos_token_ids: end_id)
+        raise triton_error(e) from None
     if values.get("top_k", 0) == 0 and values.get("top_p", 0.0) == 0.0:
         p.temperature = 0.0  # TensorRT-LLM decodes greedily without top_k and top_p
     return p
@@ -120,7 +124,7 @@ def from_pipeline_json(text: str | bytes | None) -> SamplingParams:
         p = from_vllm_json(text, None)
     except InvalidRequestError as e:
         key = e.field.split(".")[1] if e.field.startswith("sampling_parameters.") else e.field
-        raise InvalidRequestError(_TENSOR_OF_KEY.get(key, key), e.message) from None
+        raise InvalidRequestError(_TENSOR_OF_KEY.get(key, key), e.message, e.code) from None
     if p.guide is not None:
         p.guide = dataclasses.replace(p.guide, field="guided_decoding_guide")
     return p

@@ -7,6 +7,18 @@ import json
 
 from paddle_llm_engine.errors import InvalidRequestError
 
+# the engine's names of request fields (InvalidRequestError.field) that Triton's inputs name otherwise
+TRITON_NAMES = {"prompt": "text_input", "prompt_token_ids": "input_ids", "eos_token_ids": "end_id"}
+
+
+def triton_error(e: InvalidRequestError) -> InvalidRequestError:
+    """An engine InvalidRequestError under the name Triton's inputs give its field (TRITON_NAMES:
+    the prompt is text_input, its token ids input_ids, eos_token_ids end_id), code and message kept;
+    `e` itself when the names agree."""
+    name = TRITON_NAMES.get(e.field)
+    return e if name is None else InvalidRequestError(name, e.message, e.code)
+
+
 # deepest nesting of arrays / objects a client's JSON may have (sampling_parameters, guides, schemas):
 # far beyond any real schema, far below what recursive code (the parser, schema rewriting,
 # llguidance's conversion) can take

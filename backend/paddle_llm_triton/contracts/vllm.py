@@ -28,7 +28,7 @@ import math
 from paddle_llm_engine.errors import InvalidRequestError
 from paddle_llm_engine.sampling_params import SamplingParams, check_lengths
 from paddle_llm_triton.contracts import guided
-from paddle_llm_triton.contracts.values import parse_json, to_bool
+from paddle_llm_triton.contracts.values import parse_json, to_bool, triton_error
 
 
 def _to_int(field: str, v) -> int:
@@ -248,17 +248,21 @@ def _from_dict(obj: dict, vocab_size: int | None) -> SamplingParams:
     return p
 
 
-# the engine's field names that are this contract's inputs (not sampling_parameters keys)
+# this contract's inputs (not sampling_parameters keys) among the fields of triton_error
 _INPUT_FIELDS = ("text_input", "input_ids")
 
 
 def contract_error(e: InvalidRequestError) -> InvalidRequestError:
-    """An engine InvalidRequestError under this contract's name for its field: text_input stays,
-    a SamplingParams field becomes sampling_parameters.<key> (end_id, max_tokens, top_p, ...);
-    a field already named that way (a guide's, a parse error's) and a verbatim refusal stay."""
-    if e.field in _INPUT_FIELDS or e.field.startswith("sampling_parameters") or isinstance(e, _VerbatimInvalidRequest):
+    """An engine InvalidRequestError under this contract's name for its field: the prompt is
+    text_input (triton_error), a SamplingParams field becomes sampling_parameters.<key> (end_id,
+    max_tokens, top_p, ...); a field already named that way (a guide's, a parse error's) and a
+    verbatim refusal stay. The code is kept."""
+    if isinstance(e, _VerbatimInvalidRequest):
         return e
-    return InvalidRequestError(f"sampling_parameters.{e.field}", e.message)
+    e = triton_error(e)
+    if e.field in _INPUT_FIELDS or e.field.startswith("sampling_parameters"):
+        return e
+    return InvalidRequestError(f"sampling_parameters.{e.field}", e.message, e.code)
 
 
 def _same(noop, value) -> bool:

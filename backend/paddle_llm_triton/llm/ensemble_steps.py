@@ -16,6 +16,7 @@ from paddle_llm_engine import EngineBusyError, EngineDeadError, EngineLoop, Inva
 from paddle_llm_engine.outputs import RequestOutput
 from paddle_llm_triton.engine_channel import protocol
 from paddle_llm_triton.contracts.defaults import apply_default_max_tokens
+from paddle_llm_triton.contracts.values import triton_error
 from paddle_llm_triton.contracts.trtllm import from_pipeline_json
 from paddle_llm_triton.llm.delta_buffer import SequenceBuffers
 from paddle_llm_triton.lifecycle.drain import Drain, DrainingError
@@ -97,7 +98,7 @@ class EnsembleStepHandler:
                              timeout_s=float(timeout_s) if timeout_s else None)
         except InvalidRequestError as e:  # the engine's rules (LLMEngine.check_request): the request's error frame
             self._on_rejected("invalid")
-            emit(protocol.error_frame("invalid_arg", str(e)), True)
+            emit(protocol.error_frame("invalid_arg", str(triton_error(e))), True)
         except EngineBusyError as e:
             self._on_rejected("queue_full")
             raise RefusedRequest(str(e), "unavailable") from None

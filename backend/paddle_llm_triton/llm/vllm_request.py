@@ -129,7 +129,7 @@ class VllmRequest:
         text = T.get_str(request, "text_input")
         if not text:
             raise InvalidRequestError("text_input", "required and must not be empty")
-        check_prompt_bytes(tokenizer, text, max_model_len)
+        check_prompt_bytes(tokenizer, text, max_model_len, field="text_input")
         prompt_ids = encode_prompt(tokenizer, text)
         # sampling parameters: the sampling_parameters tensor, else the request's Triton parameters
         # (the vLLM backend's rule: with the tensor, request parameters are not read)

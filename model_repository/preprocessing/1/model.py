@@ -43,7 +43,8 @@ class TritonPythonModel:
         if text is None or text == "":
             raise InvalidRequestError("text_input", "required and must not be empty")
         params = trtllm.from_trtllm_tensors(trtllm.tensor_values(request), self.vocab_size)
-        check_prompt_bytes(self.tokenizer, text, self.max_position_embeddings, limit_name="max_position_embeddings")
+        check_prompt_bytes(self.tokenizer, text, self.max_position_embeddings, field="text_input",
+                           limit_name="max_position_embeddings")
         ids = encode_prompt(self.tokenizer, text, chat=bool(T.get_bool(request, "apply_chat_template")))
         if not ids:
             raise InvalidRequestError("text_input", "tokenizes to 0 tokens")
