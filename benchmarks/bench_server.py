@@ -4,7 +4,7 @@ load generator at 1 and 8 concurrent streams, print the results, stop the server
     .venv/bin/python benchmarks/bench_server.py [--model llm|ensemble] [--concurrency 1,8]
         [--requests-per-stream 4] [--max-tokens 64] [--no-ignore-eos] [--duration 300] [--json]
 
-The server is started through paddle_llm_triton.launcher's start_server on free loopback ports (as
+The server is started through paddle_llm_launcher's start_server on free loopback ports (as
 tests/conftest.py does), with model_repository/ and --model-dir (default build/SmolLM2-135M-Instruct);
 its output goes to --server-log (default build/bench-logs/tritonserver.log). Start-up time is from
 process start until /v2/health/ready answers 200 (engine load included).
@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from paddle_llm_triton import launcher
+import paddle_llm_launcher as launcher
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LOAD_GENERATOR = REPO_ROOT / "client_examples" / "load_generator.py"

@@ -10,7 +10,7 @@ same weights), one command:
 --quick: 16 tokens at 1 and 2 streams, 60 s cap per level (a check that every system runs, not a
 measurement). Nothing is ever run at the same time: the systems run one after another, each in a
 process of its own that is gone before the next starts (our offline engine in a child of .venv, the
-tritonserver through paddle_llm_triton.launcher, HF transformers in build/ref-venv, llama.cpp in
+tritonserver through paddle_llm_launcher, HF transformers in build/ref-venv, llama.cpp in
 build/peer-venv); only the load clients run in this process, against loopback ports.
 
 Workload (the same for every system): the chat-formatted questions of benchmarks/bench_engine.py,
@@ -130,7 +130,7 @@ def repo_edit():
 
 
 def launcher():
-    from paddle_llm_triton import launcher as mod
+    import paddle_llm_launcher as mod
 
     return mod
 
@@ -446,7 +446,7 @@ def run_triton(ctx, models: list[str]) -> dict:
         for m in models:
             info[m] = f"tritonserver (ready after {ready:.1f} s), gRPC streaming"
         if "openai" in models:
-            from paddle_llm_triton.launcher.frontend import start_frontend
+            from paddle_llm_launcher.frontend import start_frontend
 
             frontend = start_frontend(ports[1], ports[2], ports[3], a.model_dir, log_path=ctx.out_dir / "openai_frontend.log",
                                       drain_grace=5.0, log=log)

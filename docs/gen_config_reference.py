@@ -92,6 +92,8 @@ def _module_constants(path: Path) -> dict[str, ast.AST]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("paddle_llm_"):
             top, *rest = node.module.split(".")
             src = REPO / "backend" / top / Path(*rest).with_suffix(".py") if rest else REPO / "backend" / top / "__init__.py"
+            if not src.is_file():  # a package: its names come from its __init__.py
+                src = src.with_suffix("") / "__init__.py"
             for alias in node.names:
                 out.setdefault(alias.asname or alias.name, src)  # resolved lazily (a Path)
     return out

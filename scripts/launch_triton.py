@@ -1,16 +1,17 @@
 """Run tritonserver in the foreground with this repository: `make serve` (scripts/serve.sh) execs it.
 
 Prints the start-up time (until /v2/health/ready answers 200). By default the server is supervised
-(paddle_llm_triton/launcher/supervisor.py: a model whose stub dies or whose engine fails is reloaded
-by itself) and Ctrl-C / SIGTERM / SIGHUP drain it (launcher/shutdown.py: readiness false at once,
-new requests UNAVAILABLE, requests in flight finish within --drain-grace seconds, exit code 0).
+(paddle_llm_launcher/supervisor.py: a model whose stub dies or whose engine fails is reloaded by
+itself) and Ctrl-C / SIGTERM / SIGHUP drain it (paddle_llm_launcher/shutdown.py: readiness false at
+once, new requests UNAVAILABLE, requests in flight finish within --drain-grace seconds, exit code 0).
 --no-supervise runs plain tritonserver (default model control, no drain: the signal goes straight to
-tritonserver). The watchdog, the server's environment and the clean stop are
-paddle_llm_triton.launcher's (see its server.py).
+tritonserver). The watchdog, the server's environment and the clean stop are paddle_llm_launcher's
+(see its server.py, handle.py and environment.py).
 
-The OpenAI API frontend (`python -m paddle_llm_openai`, launcher/frontend.py) runs beside it on
---openai-port (scripts/serve.sh: OPENAI_PORT, default 9000; 0 or absent: none): restarted if it dies; on a stop signal it
-drains first (ready false, new requests 503, its requests in flight finish) while Triton drains.
+The OpenAI API frontend (`python -m paddle_llm_openai`, paddle_llm_launcher/frontend.py) runs beside
+it on --openai-port (scripts/serve.sh: OPENAI_PORT, default 9000; 0 or absent: none): restarted if it
+dies; on a stop signal it drains first (ready false, new requests 503, its requests in flight finish)
+while Triton drains.
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ import sys
 import time
 from pathlib import Path
 
-from paddle_llm_triton.launcher import DEFAULT_BACKEND_DIR, MODEL_DIR_ENV, REPO_ROOT, start_server
-from paddle_llm_triton.launcher import free_port, server_env  # noqa: F401  (callers that load this file)
-from paddle_llm_triton.launcher.frontend import start_frontend
-from paddle_llm_triton.launcher.shutdown import clean_despite_exit_code
+from paddle_llm_launcher import DEFAULT_BACKEND_DIR, MODEL_DIR_ENV, REPO_ROOT, start_server
+from paddle_llm_launcher import free_port, server_env  # noqa: F401  (callers that load this file)
+from paddle_llm_launcher.frontend import start_frontend
+from paddle_llm_launcher.shutdown import clean_despite_exit_code
 
 
 
@@ -40,8 +41,8 @@ def say(line: str) -> None:
 
 def _overlay(args, env) -> str:
     """The repository to serve: args.model_repo, or a copy under build/serve_repository/<http port>/
-    with the LLM_PARAMS / --set overrides (launcher/overrides.py), logged. Raises ValueError."""
-    from paddle_llm_triton.launcher import overrides as ov
+    with the LLM_PARAMS / --set overrides (paddle_llm_launcher/overrides.py), logged. Raises ValueError."""
+    from paddle_llm_launcher import overrides as ov
 
     wanted = ov.parse_overrides([env.get("LLM_PARAMS", ""), *args.set])
     if not wanted:
@@ -132,7 +133,7 @@ def main(argv=None) -> int:
     openai_note = f", openai {frontend.url}" if frontend is not None else ""
 
     ready_reported = False
-    drained = None  # the drain's summary (launcher/shutdown.py)
+    drained = None  # the drain's summary (paddle_llm_launcher/shutdown.py)
     # supervised and once ready: tritonserver may exit and be restarted by the supervisor meanwhile
     while not stop_signal and (server.running() or (server.supervisor is not None and ready_reported)):
         if not ready_reported:

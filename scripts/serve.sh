@@ -31,7 +31,7 @@
 # is set to a non-empty value, else PADDLE_LLM_MODEL_DIR. So an explicit config value always wins over
 # the environment, and the shipped config leaves it empty so that MODEL_DIR works.
 #
-# scripts/launch_triton.py does the work (paddle_llm_triton/launcher): the server's environment (venv
+# scripts/launch_triton.py does the work (paddle_llm_launcher): the server's environment (venv
 # bin first on PATH, so that the Python-backend stub finds the venv's site-packages; the base
 # interpreter's lib dir first on LD_LIBRARY_PATH; PADDLE_LLM_MODEL_DIR from --model-dir), the backend
 # directory build/triton_backends (made by scripts/setup.sh), start-up time until /v2/health/ready, and

@@ -89,7 +89,8 @@ done
 import_check() {
   (cd / && "$VPY" -c '
 import importlib.util, sys
-for name in ("paddle_llm_engine", "paddle_llm_ops", "paddle_llm_triton", "paddle_llm_openai", "paddle_llm_structured"):
+for name in ("paddle_llm_engine", "paddle_llm_ops", "paddle_llm_triton", "paddle_llm_openai", "paddle_llm_structured",
+             "paddle_llm_launcher"):
     spec = importlib.util.find_spec(name)
     if spec is None or not str(spec.origin or "").startswith(sys.argv[1] + "/"):
         sys.exit(f"setup: {name} resolves to {spec and spec.origin}")

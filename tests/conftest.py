@@ -5,7 +5,7 @@
 converted copy; a missing folder is a failure, not a skip.
 
 `triton_server` (session scope) starts the real tritonserver of the nvidia-pytriton wheel through
-paddle_llm_triton.launcher on free loopback ports, with the repository's `model_repository/` and that
+paddle_llm_launcher on free loopback ports, with the repository's `model_repository/` and that
 model folder, waits until /v2/health/ready answers (at most 180 s) and stops it cleanly at the end of
 the session. Server output goes to build/test-logs/tritonserver.log; its tail is shown when start-up
 fails.
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from paddle_llm_triton import launcher
+import paddle_llm_launcher as launcher
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "e2e"))
 from repo_edit import copy_repository  # noqa: E402
@@ -60,7 +60,7 @@ class TritonEndpoints:
     grpc_port: int
     metrics_port: int
     log_path: Path
-    handle: object  # paddle_llm_triton.launcher.TritonServer
+    handle: object  # paddle_llm_launcher.TritonServer
 
 
 @pytest.fixture(scope="session")

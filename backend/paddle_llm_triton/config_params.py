@@ -28,8 +28,8 @@ import os
 from dataclasses import dataclass
 
 from paddle_llm_engine.config import DEPRECATED_ALIASES, EngineConfig
-from paddle_llm_triton.instances import instance_ordinal
-from paddle_llm_triton.metrics import NAME_SETS, parse_name_sets
+from paddle_llm_triton.lifecycle.instances import instance_ordinal
+from paddle_llm_triton.metrics.names import NAME_SETS, parse_name_sets
 
 MODEL_DIR_ENV = "PADDLE_LLM_MODEL_DIR"
 
@@ -42,25 +42,25 @@ class ServingOptions:
     fails when a field has no entry). One entry per field, "name: text", continuation lines indented.
 
     gcu_device_ids: device ids for the instances, e.g. "0;1;2;3": instance k (its position in
-        instance_group, llm_0_k; instances.py) uses id k modulo the list length. "" (the default):
+        instance_group, llm_0_k; lifecycle/instances.py) uses id k modulo the list length. "" (the default):
         device_id decides. Cannot be combined with device_id.
     default_max_tokens: max_tokens of a request that sends none (both models); 0 / empty (the
         default) = max_model_len - prompt tokens. Capped at what fits (max_model_len - prompt
         tokens), so a default never makes a request fail. 16 is vLLM's SamplingParams default
         (strict vLLM-backend compatibility: its CI expects "length" after 16 tokens).
     max_step_seconds: an engine step, or one response send to Triton, that has not returned after
-        this many seconds marks the instance failed (health.py) and the supervisor replaces it
+        this many seconds marks the instance failed (lifecycle/health.py) and the supervisor replaces it
         (docs/operations/reliability.md); 0 turns the watchdog off. Default 120: far above any step
         of a healthy engine (a whole 2048-token prefill of SmolLM2 takes ~1 s on 2 CPU cores), low
         enough that a stuck instance is replaced within minutes.
     fault_inject_after_steps: TESTS ONLY. N > 0 makes every engine step after the N-th raise
-        (fault_injection.py; docs/operations/engine_failure.md); 0 (the default) is off and nothing
+        (lifecycle/fault_injection.py; docs/operations/engine_failure.md); 0 (the default) is off and nothing
         is installed. Never set it in production.
     metrics_names: which metric name sets the instance exposes on :8002, "llm,vllm" (the default:
         both), "llm" (the llm_* families) or "vllm" (vLLM's vllm:* names); anything else is an error
-        at load (metrics.py parse_name_sets; docs/operations/metrics.md).
+        at load (metrics/names.py parse_name_sets; docs/operations/metrics.md).
     coalesce_stream_responses: "true" (the default) lets a streamed response that fell behind carry
-        the tokens of several engine steps in one response (responder.py); "false" sends one
+        the tokens of several engine steps in one response (llm/responder.py); "false" sends one
         response per engine output always. The ensemble model has the same parameter
         (docs/contracts/llm.md, "Streaming under load").
     stream_interval: tokens per streamed response after a sequence's first (vLLM's and SGLang's

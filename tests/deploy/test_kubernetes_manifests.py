@@ -34,10 +34,10 @@ REPO = Path(__file__).resolve().parents[2]
 K8S_DIR = REPO / "deploy" / "kubernetes"
 CRD_DIR = Path(__file__).resolve().parent / "crd_schemas"
 SERVE_SH = REPO / "scripts" / "serve.sh"
-SHUTDOWN_PY = REPO / "backend" / "paddle_llm_triton" / "launcher" / "shutdown.py"
+SHUTDOWN_PY = REPO / "backend" / "paddle_llm_launcher" / "shutdown.py"
 # Where the environment variables a Deployment sets must be read (else the setting does nothing).
 ENV_READERS = [SERVE_SH, REPO / "scripts" / "launch_triton.py",
-               *sorted((REPO / "backend" / "paddle_llm_triton" / "launcher").glob("*.py")),
+               *sorted((REPO / "backend" / "paddle_llm_launcher").glob("*.py")),
                REPO / "backend" / "paddle_llm_openai" / "cli.py"]
 # Oldest Kubernetes the manifests are meant for (every field used is GA there) and the newest schema
 # kubernetes-validate bundles.
@@ -294,7 +294,7 @@ def test_probes_use_the_health_endpoints(deployment):
 
 
 def drain_overheads() -> tuple[float, float, float]:
-    """From launcher/shutdown.py: the first drain request's timeout, the extra seconds past the grace
+    """From paddle_llm_launcher/shutdown.py: the first drain request's timeout, the extra seconds past the grace
     period the stubs get, and the unload wait (what the drain takes beyond DRAIN_GRACE_S)."""
     src = SHUTDOWN_PY.read_text()
     ask = re.search(r'\{"type": "drain".*?timeout=([\d.]+)', src)
@@ -357,7 +357,7 @@ def test_service_servicemonitor_and_pool_select_the_server_pods():
 def test_the_api_key_comes_from_a_secret_and_the_admin_apis_stay_restricted(deployment):
     """The OpenAI key is never a literal in a manifest and a missing Secret stops the pod (no silent
     open API); the launcher's restricted-API list keeps model-repository and shared-memory closed."""
-    from paddle_llm_triton.launcher.admin_api import parse_apis
+    from paddle_llm_launcher.admin_api import parse_apis
 
     env = {e["name"]: e for e in container(deployment)["env"]}
     ref = env["VLLM_API_KEY"]["valueFrom"]["secretKeyRef"]

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 # the launcher's own config.pbtxt edits (`make serve`'s LLM_PARAMS overlay uses them too)
-from paddle_llm_triton.launcher.overrides import set_config_parameter, set_instance_count  # noqa: F401
+from paddle_llm_launcher.overrides import set_config_parameter, set_instance_count  # noqa: F401
 
 MODEL_REPO = Path(__file__).resolve().parents[2] / "model_repository"
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import requests
 
-from paddle_llm_triton import launcher
-from paddle_llm_triton.launcher import procs
-from paddle_llm_triton.launcher.supervisor import stub_identity
+import paddle_llm_launcher as launcher
+from paddle_llm_launcher import procs
+from paddle_llm_launcher.supervisor import stub_identity
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -32,7 +32,7 @@ import yaml
 
 from clients import llm_stream
 from installers import installed_binary
-from paddle_llm_triton import launcher
+import paddle_llm_launcher as launcher
 
 pytestmark = pytest.mark.e2e
 

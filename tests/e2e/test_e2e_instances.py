@@ -124,7 +124,7 @@ def test_ensemble_cancel_and_stop_reach_the_instance_that_runs_the_request(serve
 def test_stop_received_by_the_other_instance_is_forwarded(server):
     """Triton routes a stop request to any instance. Repeat start + stop until the log shows a stop
     that arrived at the instance NOT running the request ("0 request(s) aborted on ..."): the
-    request must still end at once (forwarded over paddle_llm_triton/control_bus.py)."""
+    request must still end at once (forwarded over paddle_llm_triton/engine_channel/control_bus.py)."""
     import queue
 
     import numpy as np

@@ -183,8 +183,8 @@ def test_openai_frontend_answers_503_in_openai_form_while_the_server_is_full(lim
     """The OpenAI frontend in front of the full server: a request past max_num_waiting is a 503 with
     OpenAI's error body naming the limit (streamed or not), at once, not a hang or a 500."""
     openai = pytest.importorskip("openai")  # the frontend needs Python >= 3.11 (pyproject markers)
-    from paddle_llm_triton import launcher
-    from paddle_llm_triton.launcher.frontend import start_frontend
+    import paddle_llm_launcher as launcher
+    from paddle_llm_launcher.frontend import start_frontend
 
     front = start_frontend(limited.grpc_port, limited.metrics_port, launcher.free_port(), smollm2_dir,
                            log_path=tmp_path / "openai_frontend.log", drain_grace=5.0, log=lambda line: None)

@@ -23,7 +23,7 @@ from clients import decode_str, ensemble_stream, llm_stream, scrape_metrics
 from metrics_util import llm_value
 from repo_edit import copy_repository, set_config_parameter
 
-from paddle_llm_triton import launcher
+import paddle_llm_launcher as launcher
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reference"))
 from thinking_checkpoints import make_thinking_checkpoint  # noqa: E402

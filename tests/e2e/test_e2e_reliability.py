@@ -9,7 +9,7 @@
 - SIGKILL of a tensor-parallel worker (tiny Llama, TP=2): the same;
 - SIGTERM with streams in flight: readiness false at once, a new request refused with the drain's
   UNAVAILABLE message, the streams in flight finish normally, the launcher exits 0;
-- who may call it (launcher/admin_api.py): a repository load that uploads a model.py is refused over
+- who may call it (paddle_llm_launcher/admin_api.py): a repository load that uploads a model.py is refused over
   HTTP and gRPC without the admin header or with a wrong one (the uploaded code never runs: the marker
   it would write never appears, while the same upload with the operator's TRITON_ADMIN_KEY does run
   it), unload of `llm` is refused and `llm` keeps serving, shared-memory registration is refused.

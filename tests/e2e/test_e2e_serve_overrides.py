@@ -1,4 +1,4 @@
-"""`make serve` with a setting and no tracked file changed (launcher/overrides.py): the README server
+"""`make serve` with a setting and no tracked file changed (paddle_llm_launcher/overrides.py): the README server
 (scripts/launch_triton.py, supervised) started with LLM_PARAMS="quantization=wint8
 speculative_method=ngram" serves int8 weights with n-gram speculation (llm_engine_info says so, and a
 request is served), the shipped config.pbtxt is byte for byte what git has, and an unknown key stops

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from paddle_llm_triton import launcher
-from paddle_llm_triton.launcher import procs
+import paddle_llm_launcher as launcher
+from paddle_llm_launcher import procs
 from repo_edit import copy_repository
 
 pytestmark = pytest.mark.e2e

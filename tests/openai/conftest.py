@@ -3,7 +3,7 @@ test_third_party_clients.py).
 
 `openai_server` (session scope): the server of `make serve` (the session `triton_server` of tests/conftest.py:
 model_repository/ and the default model, on free loopback ports) plus the OpenAI frontend started
-beside it the way `make serve` starts it (paddle_llm_triton.launcher.frontend.start_frontend: the
+beside it the way `make serve` starts it (paddle_llm_launcher.frontend.start_frontend: the
 same command line), on another free port; waits until its /health/ready is 200 (at most 60 s after
 Triton is ready) and stops it (drain, then SIGKILL after 10 s) at the end of the session. Its output
 goes to build/test-logs/openai_frontend.log (tail shown on a failed start).
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from paddle_llm_triton import launcher
-from paddle_llm_triton.launcher.frontend import OpenAIFrontend, start_frontend
+import paddle_llm_launcher as launcher
+from paddle_llm_launcher.frontend import OpenAIFrontend, start_frontend
 
 # fastapi / uvicorn / openai are installed on Python >= 3.11 only (pyproject.toml markers)
 if sys.version_info < (3, 11):

@@ -17,8 +17,8 @@ import time
 import pytest
 import requests
 
-from paddle_llm_triton import launcher
-from paddle_llm_triton.launcher.frontend import start_frontend
+import paddle_llm_launcher as launcher
+from paddle_llm_launcher.frontend import start_frontend
 
 KEY = "sk-test-0123456789abcdef"
 LIMIT = 1 << 20  # the test frontend's --max-request-body-bytes (OPENAI_MAX_REQUEST_BODY_BYTES)

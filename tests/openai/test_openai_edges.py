@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from paddle_llm_triton import launcher
-from paddle_llm_triton.launcher.frontend import start_frontend
+import paddle_llm_launcher as launcher
+from paddle_llm_launcher.frontend import start_frontend
 
 pytestmark = pytest.mark.e2e
 
@@ -167,7 +167,7 @@ def test_the_frontend_serves_within_seconds_of_its_triton_coming_back(smollm2_di
     grows meanwhile, by default up to 120 s), then tritonserver starts on its port: the frontend is
     ready within 2 s of Triton's readiness (its back-off is capped at 1 s; 3.5 s measured without the
     cap). The 3-minute soak saw 503s for ~5 s after a restarted tritonserver was back before the cap."""
-    from paddle_llm_triton.launcher import start_server
+    from paddle_llm_launcher import start_server
 
     http_port, grpc_port, metrics_port, port = launcher.free_ports(4)
     fe = start_frontend(grpc_port, metrics_port, port, smollm2_dir, log_path=tmp_path / "fe.log", drain_grace=1)

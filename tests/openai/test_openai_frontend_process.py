@@ -1,4 +1,4 @@
-"""The frontend as a process (launcher/frontend.py, what `make serve` runs): drain on SIGTERM, restart
+"""The frontend as a process (paddle_llm_launcher/frontend.py, what `make serve` runs): drain on SIGTERM, restart
 after a crash, and 503 rather than a hang when Triton cannot be reached (extra frontends against the
 session's Triton; a start is about 3 s: the tokenizer load); and `scripts/serve.sh` itself (what
 `make serve` runs after set-up) on free ports: its ready line names the OpenAI URL next to Triton's,
@@ -18,9 +18,9 @@ import httpx
 import openai
 import pytest
 
-from paddle_llm_triton import launcher
-from paddle_llm_triton.launcher import procs
-from paddle_llm_triton.launcher.frontend import start_frontend
+import paddle_llm_launcher as launcher
+from paddle_llm_launcher import procs
+from paddle_llm_launcher.frontend import start_frontend
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from paddle_llm_triton import launcher
-from paddle_llm_triton.launcher.frontend import OpenAIFrontend, frontend_command
+import paddle_llm_launcher as launcher
+from paddle_llm_launcher.frontend import OpenAIFrontend, frontend_command
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "reference"))

@@ -46,8 +46,8 @@ import pytest
 import requests
 
 from clients import scrape_metrics
-from paddle_llm_triton import launcher
-from paddle_llm_triton.launcher import procs
+import paddle_llm_launcher as launcher
+from paddle_llm_launcher import procs
 from repo_edit import copy_repository, set_config_parameter
 from supervised import SupervisedServer
 from installers import installed_binary
@@ -216,7 +216,7 @@ def wait_for(pred, timeout: float, what: str, poll: float = 0.05) -> float:
 
 # -- load ------------------------------------------------------------------------------------------
 
-# the launcher's line when the drain turns readiness false (launcher/shutdown.py), with its UTC time
+# the launcher's line when the drain turns readiness false (paddle_llm_launcher/shutdown.py), with its UTC time
 GATE_CLOSED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}) launch_triton: (?:readiness false|draining:)", re.M)
 
 # Right after the SIGTERM, once the replica's readiness is false but before HAProxy's checks saw it

@@ -15,7 +15,7 @@ import requests
 
 import proctree
 from openai_requests import API_KEY
-from paddle_llm_triton.launcher import free_ports
+from paddle_llm_launcher import free_ports
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LAUNCHER = REPO_ROOT / "scripts" / "launch_triton.py"

@@ -1,4 +1,4 @@
-"""The restricted-API policy the launcher starts tritonserver with (launcher/admin_api.py): which APIs,
+"""The restricted-API policy the launcher starts tritonserver with (paddle_llm_launcher/admin_api.py): which APIs,
 the key (per start, or the operator's), the flags and headers in Triton's formats, the refusals of bad
 settings. The real server's answers are checked end to end in tests/e2e/test_e2e_reliability.py."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from paddle_llm_triton.launcher import admin_api
-from paddle_llm_triton.launcher.admin_api import AdminAccess, admin_access, parse_apis
+from paddle_llm_launcher import admin_api
+from paddle_llm_launcher.admin_api import AdminAccess, admin_access, parse_apis
 
 
 def test_default_restricts_what_changes_the_server_and_leaves_serving_open():
@@ -64,7 +64,7 @@ def test_operator_restricted_flags_conflict_with_the_launchers():
 def test_start_server_puts_the_flags_on_the_command_and_the_key_on_the_handle(monkeypatch, tmp_path):
     """Every server start restricts (supervised or not); the handle carries the header its repository
     calls need. Nothing is spawned: Popen is replaced by a recorder."""
-    from paddle_llm_triton.launcher import server as server_mod
+    from paddle_llm_launcher import server as server_mod
 
     backend = tmp_path / "backends"
     (backend / "python").mkdir(parents=True)

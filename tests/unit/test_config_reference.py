@@ -21,7 +21,7 @@ spec.loader.exec_module(gen)
 # environment plumbing the launcher passes to the stub processes, not settings of `make serve`
 NOT_SETTINGS = {"PATH", "LD_LIBRARY_PATH"}
 ENV_READERS = [REPO / "scripts" / "serve.sh", REPO / "scripts" / "launch_triton.py",
-               *sorted((REPO / "backend" / "paddle_llm_triton" / "launcher").glob("*.py")),
+               *sorted((REPO / "backend" / "paddle_llm_launcher").glob("*.py")),
                REPO / "backend" / "paddle_llm_openai" / "cli.py"]
 
 

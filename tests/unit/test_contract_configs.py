@@ -89,7 +89,7 @@ def test_llm_outputs_the_openai_frontend_reads():
 
 
 def test_pipeline_sends_preprocessing_only_what_it_declares():
-    from paddle_llm_triton.ensemble_pipeline import PRE_INPUTS, UNSUPPORTED_INPUTS
+    from paddle_llm_triton.ensemble.steps import PRE_INPUTS, UNSUPPORTED_INPUTS
 
     pre, _, _ = declared("preprocessing")
     ens, _, _ = declared("ensemble")

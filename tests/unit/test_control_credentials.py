@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from paddle_llm_triton import control_bus
-from paddle_llm_triton.control_bus import ControlBus
+from paddle_llm_triton.engine_channel import control_bus
+from paddle_llm_triton.engine_channel.control_bus import ControlBus
 
 NOBODY = 65534
 

@@ -1,4 +1,4 @@
-"""The drain's accept window (launcher/shutdown.py, DRAIN_ACCEPT_S): readiness turns false first and the
+"""The drain's accept window (paddle_llm_launcher/shutdown.py, DRAIN_ACCEPT_S): readiness turns false first and the
 stubs are told to refuse only after the window, so a load balancer still routing here until its next
 failed health check gets its requests served; without a window (the default) the order stays the
 issue-14 contract: refusals start, then readiness turns false, at once."""
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from paddle_llm_triton.launcher import shutdown
+from paddle_llm_launcher import shutdown
 
 
 class FakeGate:
@@ -94,7 +94,7 @@ def test_a_bad_accept_window_is_refused_naming_the_variable(raw):
 
 def test_start_server_reads_the_window_at_start(monkeypatch, tmp_path):
     """A bad value fails when the server starts (before anything is spawned), not at its SIGTERM."""
-    from paddle_llm_triton import launcher
+    import paddle_llm_launcher as launcher
 
     monkeypatch.setenv("DRAIN_ACCEPT_S", "soon")
     backend = tmp_path / "backends"

@@ -1,4 +1,4 @@
-"""The ensemble pipeline (paddle_llm_triton/ensemble_pipeline.py) against a stand-in pb_utils
+"""The ensemble pipeline (paddle_llm_triton/ensemble/pipeline.py) against a stand-in pb_utils
 (pb_standin.py) with stand-in preprocessing / postprocessing models and a fake engine behind a real
 engine channel, on both Triton generations: 2.51 (no response parameters) and a newer one. Batched
 rows ([B, 1]) with batch_index, n sequences with sequence_index, TensorRT-LLM's perf-metric and
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 import pb_standin
-from paddle_llm_triton import ensemble_pipeline as ep
-from paddle_llm_triton import ensemble_protocol as protocol
+from paddle_llm_triton.ensemble import pipeline as ep
+from paddle_llm_triton.engine_channel import protocol
 from paddle_llm_triton.engine_channel.client import ChannelClient
 from paddle_llm_triton.engine_channel.server import ChannelServer
 
@@ -84,7 +84,7 @@ def install(monkeypatch, newer: bool, gate: threading.Event | None = None, coale
     copies) and a fake llm instance on the engine channel. Returns (pb, pipeline, engine)."""
     pb = pb_standin.make(newer)
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", pb)
-    monkeypatch.setattr("paddle_llm_triton.ensemble_requests._parameters_supported", None)
+    monkeypatch.setattr("paddle_llm_triton.ensemble.requests._parameters_supported", None)
 
     def preprocessing(req):
         text = req.tensors["text_input"].reshape(-1)[0]
@@ -173,8 +173,8 @@ def test_a_finished_request_leaves_no_garbage_holding_its_response_sender(monkey
     # sender's clean-up reaches for is gone: a segmentation fault at every unload of `ensemble`.
     import gc
 
-    from paddle_llm_triton.ensemble_requests import ClientRequest, Flight
-    from paddle_llm_triton.senders import TrackedSender
+    from paddle_llm_triton.ensemble.requests import ClientRequest, Flight
+    from paddle_llm_triton.lifecycle.senders import TrackedSender
 
     _, pipe, _ = install(monkeypatch, False)
     cleanup(pipe)

@@ -1,4 +1,4 @@
-"""The messages of the engine channel between `ensemble` and `llm` (paddle_llm_triton/ensemble_protocol.py):
+"""The messages of the engine channel between `ensemble` and `llm` (paddle_llm_triton/engine_channel/protocol.py):
 the generate frame carries what preprocessing made of a row, an output frame one response of the
 client's with TensorRT-LLM's semantics (zeros unless logprobs are asked), perf metrics under
 TensorRT-LLM's names, and every frame survives the channel's JSON framing."""
@@ -6,8 +6,8 @@ TensorRT-LLM's names, and every frame survives the channel's JSON framing."""
 from __future__ import annotations
 
 from paddle_llm_engine.outputs import RequestOutput
-from paddle_llm_triton import ensemble_protocol as protocol
-from paddle_llm_triton.delta_buffer import Flush
+from paddle_llm_triton.engine_channel import protocol
+from paddle_llm_triton.llm.delta_buffer import Flush
 from paddle_llm_triton.engine_channel import wire
 
 
@@ -59,7 +59,7 @@ def test_error_frame_keeps_code_and_message():
 
 
 def test_merged_output_frames_carry_both_deltas_and_the_later_state():
-    from paddle_llm_triton.ensemble_protocol import merge_output_frames
+    from paddle_llm_triton.engine_channel.protocol import merge_output_frames
 
     a = {"type": "output", "seq": 0, "text": "Hel", "ids": [1, 2], "logprobs": [-0.1, -0.2], "cum": -0.3,
          "finish_reason": "", "seq_finished": False, "finished": False, "num_prompt_tokens": 4,
@@ -79,7 +79,7 @@ def test_merged_output_frames_carry_both_deltas_and_the_later_state():
 
 
 def test_a_row_that_fell_behind_is_relayed_as_one_frame_per_sequence_run():
-    from paddle_llm_triton.ensemble_pipeline import EnsemblePipeline
+    from paddle_llm_triton.ensemble.pipeline import EnsemblePipeline
 
     def out(seq, text, fin=False):
         return {"type": "output", "seq": seq, "text": text, "ids": [len(text)], "logprobs": [0.0], "cum": 0.0,

@@ -1,4 +1,4 @@
-"""The ensemble's engine requests as an llm instance serves them (paddle_llm_triton/ensemble_steps.py),
+"""The ensemble's engine requests as an llm instance serves them (paddle_llm_triton/llm/ensemble_steps.py),
 on a tiny random Llama behind a real EngineLoop: the frames of a request carry exactly the engine's
 own greedy tokens and text, per sequence for n = 2, streamed or not (with the prompt prepended only
 where asked); logprobs are zeros unless asked and then the engine's; an abort ends the request with
@@ -14,7 +14,7 @@ import threading
 import pytest
 
 from paddle_llm_engine import EngineLoop
-from paddle_llm_triton.ensemble_steps import EnsembleStepHandler, RefusedRequest
+from paddle_llm_triton.llm.ensemble_steps import EnsembleStepHandler, RefusedRequest
 from test_engine_tiny import greedy, make_engine, prompt, run
 
 TIMEOUT = 60.0

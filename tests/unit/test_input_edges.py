@@ -20,7 +20,7 @@ from paddle_llm_triton.contracts.trtllm import from_pipeline_json, from_trtllm_t
 from paddle_llm_triton.contracts.values import triton_error
 from paddle_llm_triton.contracts.vllm import (STREAM_PROMPT_REFUSAL, check_max_tokens, check_stream_prompt,
                                               from_request_parameters, from_vllm_json, to_json)
-from paddle_llm_triton.request_timeout import timeout_seconds, timeout_us
+from paddle_llm_triton.contracts.timeout import timeout_seconds, timeout_us
 
 VOCAB = 1000
 NON_FINITE = [math.inf, -math.inf, math.nan]

@@ -7,7 +7,7 @@ import ctypes
 
 import pytest
 
-from paddle_llm_triton import memory_trace as M
+from paddle_llm_triton.lifecycle import memory_trace as M
 
 
 def test_glibc_in_use_bytes_follow_a_native_allocation_of_known_size():

@@ -62,17 +62,20 @@ class FailingEngine:
 @pytest.mark.parametrize("newer", [False, True])
 def test_llm_is_ready_follows_the_engine_health(monkeypatch, newer):
     model = load_model(monkeypatch, "llm", newer)()
+    from paddle_llm_triton.llm.instance import LLMInstance
+
     assert model.is_ready() is False  # not initialized: no engine
-    model.loop = EngineLoop(FailingEngine())
+    model.llm = LLMInstance.__new__(LLMInstance)  # only its engine loop: what readiness reads
+    loop = model.llm.loop = EngineLoop(FailingEngine())
     try:
         assert model.is_ready() is True
-        model.loop.submit("r", [1, 2], SamplingParams(), lambda out: None)
+        loop.submit("r", [1, 2], SamplingParams(), lambda out: None)
         t0 = time.monotonic()
-        while model.loop.healthy and time.monotonic() - t0 < 5:
+        while loop.healthy and time.monotonic() - t0 < 5:
             time.sleep(0.01)
         assert model.is_ready() is False
     finally:
-        model.loop.shutdown(1)
+        loop.shutdown(1)
 
 
 @pytest.mark.parametrize("newer", [False, True])

@@ -63,7 +63,7 @@ STEPS = [  # (raw text, reasoning part, content part, ids, reasoning tokens so f
 
 @pytest.mark.parametrize("stream,coalesce", [(True, False), (True, True), (False, True)])
 def test_return_reasoning_splits_text_output_streamed_and_not(pb, stream, coalesce):  # noqa: F811
-    from paddle_llm_triton.responder import ResponseOptions
+    from paddle_llm_triton.llm.responder import ResponseOptions
 
     r, _ = make(pb, coalesce=coalesce)
     s = Sender()
@@ -84,7 +84,7 @@ def test_return_reasoning_splits_text_output_streamed_and_not(pb, stream, coales
 
 
 def test_without_return_reasoning_text_output_is_the_raw_text(pb):  # noqa: F811
-    from paddle_llm_triton.responder import ResponseOptions
+    from paddle_llm_triton.llm.responder import ResponseOptions
 
     r, _ = make(pb, coalesce=False)
     s = Sender()
@@ -98,7 +98,7 @@ def test_without_return_reasoning_text_output_is_the_raw_text(pb):  # noqa: F811
 
 
 def test_return_reasoning_on_a_model_without_a_parser_gives_the_whole_text(pb):  # noqa: F811
-    from paddle_llm_triton.responder import ResponseOptions
+    from paddle_llm_triton.llm.responder import ResponseOptions
 
     r, _ = make(pb)
     s = Sender()

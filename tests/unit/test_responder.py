@@ -1,4 +1,4 @@
-"""The llm model's response thread (paddle_llm_triton/responder.py) against a stand-in
+"""The llm model's response thread (paddle_llm_triton/llm/responder.py) against a stand-in
 triton_python_backend_utils: vLLM's additional-outputs semantics (intermediate finish_reason "None",
 "rank" on every logprob entry, JSON null logprobs when none were asked, decoded_token following
 skip_special_tokens) and the cancellation sweep (every request in flight, streamed or not, sent
@@ -83,7 +83,7 @@ def out(rid, text, ids, finished=False, reason=None, lps=None, n_out=0):
 
 
 def make(pb, poll_s=0.05, coalesce=True, stream_interval=1):
-    from paddle_llm_triton.responder import Responder
+    from paddle_llm_triton.llm.responder import Responder
 
     aborted = []
     return Responder(abort=aborted.append, decode_token=Tok(), poll_s=poll_s, coalesce=coalesce,
@@ -98,7 +98,7 @@ def wait(pred, timeout=5.0):
 
 
 def test_stream_intermediate_finish_reason_is_None_and_last_is_the_reason(pb):
-    from paddle_llm_triton.responder import ResponseOptions
+    from paddle_llm_triton.llm.responder import ResponseOptions
 
     r, _ = make(pb, coalesce=False)
     s = Sender()
@@ -113,7 +113,7 @@ def test_stream_intermediate_finish_reason_is_None_and_last_is_the_reason(pb):
 
 
 def test_logprob_entries_carry_rank_and_decoded_token_follows_skip_special_tokens(pb):
-    from paddle_llm_triton.responder import ResponseOptions
+    from paddle_llm_triton.llm.responder import ResponseOptions
 
     r, _ = make(pb)
     lps = [(-0.1, TopLogprobs([(10, -0.1), (11, -2.0)], rank=1)),   # sampled = top-1
@@ -135,7 +135,7 @@ def test_logprob_entries_carry_rank_and_decoded_token_follows_skip_special_token
 
 
 def test_return_logprobs_without_logprobs_asked_is_json_null(pb):
-    from paddle_llm_triton.responder import ResponseOptions
+    from paddle_llm_triton.llm.responder import ResponseOptions
 
     r, _ = make(pb, coalesce=False)
     s = Sender()
@@ -149,7 +149,7 @@ def test_return_logprobs_without_logprobs_asked_is_json_null(pb):
 
 def test_cancellation_is_seen_before_any_response_and_aborts(pb):
     """A non-streamed request has sent nothing while it generates: the sweep still polls it."""
-    from paddle_llm_triton.responder import ResponseOptions
+    from paddle_llm_triton.llm.responder import ResponseOptions
 
     r, aborted = make(pb)
     quiet, other = Sender(), Sender()
@@ -168,7 +168,7 @@ def test_cancellation_is_seen_before_any_response_and_aborts(pb):
 
 
 def test_sweep_polls_each_request_once_per_period_not_per_output(pb):
-    from paddle_llm_triton.responder import ResponseOptions
+    from paddle_llm_triton.llm.responder import ResponseOptions
 
     for coalesce in (False, True):
         r, _ = make(pb, poll_s=0.1, coalesce=coalesce)
@@ -204,7 +204,7 @@ class BlockingSender(Sender):
 
 
 def test_a_stream_that_fell_behind_gets_its_queued_tokens_in_one_response(pb):
-    from paddle_llm_triton.responder import ResponseOptions
+    from paddle_llm_triton.llm.responder import ResponseOptions
 
     for coalesce, expect in ((True, [b"w0 ", b"w1 w2 end"]), (False, [b"w0 ", b"w1 ", b"w2 ", b"end"])):
         r, _ = make(pb, coalesce=coalesce)
@@ -235,7 +235,7 @@ def test_a_stream_that_fell_behind_gets_its_queued_tokens_in_one_response(pb):
 
 
 def test_an_error_after_queued_text_sends_the_text_first(pb):
-    from paddle_llm_triton.responder import ResponseOptions
+    from paddle_llm_triton.llm.responder import ResponseOptions
 
     r, _ = make(pb)
     a = BlockingSender()

@@ -1,4 +1,4 @@
-"""`make serve` settings without editing tracked files (launcher/overrides.py, scripts/launch_triton.py's
+"""`make serve` settings without editing tracked files (paddle_llm_launcher/overrides.py, scripts/launch_triton.py's
 LLM_PARAMS / --set): parsing, the key check against what `llm` accepts, and the repository copy (the
 shipped config.pbtxt byte for byte unchanged, the copy's llm config carrying the overrides as Triton's
 text format, instances as the instance_group count). The real server run with an override is
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from paddle_llm_triton.launcher import overrides as ov
+from paddle_llm_launcher import overrides as ov
 
 REPO = Path(__file__).resolve().parents[2] / "model_repository"
 

@@ -1,5 +1,5 @@
 """config.pbtxt parameters -> EngineConfig (paddle_llm_triton/config_params.py) and instance -> device
-mapping (paddle_llm_triton/instances.py): every EngineConfig field is a parameter, unknown names are
+mapping (paddle_llm_triton/lifecycle/instances.py): every EngineConfig field is a parameter, unknown names are
 rejected by name, a non-empty model_dir wins over PADDLE_LLM_MODEL_DIR, and the instance ordinal
 picks the device."""
 
@@ -12,7 +12,7 @@ import pytest
 from paddle_llm_engine.config import EngineConfig
 from paddle_llm_triton.config_params import (MODEL_DIR_ENV, engine_config_from_triton, engine_fields,
                                              resolve_model_dir, serving_options)
-from paddle_llm_triton.instances import instance_names, instance_ordinal
+from paddle_llm_triton.lifecycle.instances import instance_names, instance_ordinal
 
 
 def model_config(params: dict | None = None, groups: list | None = None) -> dict:

@@ -1,5 +1,5 @@
-"""`stop` by request id (paddle_llm_triton/stop_requests.py, control_bus.py) and the engine-failure
-path (paddle_llm_engine/engine_loop.py, paddle_llm_triton/fault_injection.py), without a Triton server."""
+"""`stop` by request id (paddle_llm_triton/llm/stop_requests.py, control_bus.py) and the engine-failure
+path (paddle_llm_engine/engine_loop.py, paddle_llm_triton/lifecycle/fault_injection.py), without a Triton server."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from paddle_llm_engine.engine_loop import EngineLoop
 from paddle_llm_engine.errors import EngineDeadError
 from paddle_llm_engine.outputs import EngineStats, RequestOutput
 from paddle_llm_engine.sampling_params import SamplingParams
-from paddle_llm_triton.control_bus import ControlBus, ask, bound_instances
-from paddle_llm_triton.stop_requests import StopRequests
-from paddle_llm_triton.fault_injection import InjectedFault, install_step_fault
-from paddle_llm_triton.stop_requests import StopRegistry, StopRequests
+from paddle_llm_triton.engine_channel.control_bus import ControlBus, ask, bound_instances
+from paddle_llm_triton.llm.stop_requests import StopRequests
+from paddle_llm_triton.lifecycle.fault_injection import InjectedFault, install_step_fault
+from paddle_llm_triton.llm.stop_requests import StopRegistry, StopRequests
 
 
 def wait_until(pred, timeout=5.0):
@@ -194,7 +194,7 @@ class HangingEngine(FakeEngine):
 
 
 def test_a_step_that_never_returns_is_declared_failed_by_the_watchdog():
-    from paddle_llm_triton.health import StallWatchdog
+    from paddle_llm_triton.lifecycle.health import StallWatchdog
 
     engine = HangingEngine()
     failures = []
@@ -301,7 +301,7 @@ def test_shutdown_answers_every_request_in_flight_and_queued():
 
 
 def test_watchdog_is_quiet_while_nothing_runs_and_off_at_zero():
-    from paddle_llm_triton.health import StallWatchdog
+    from paddle_llm_triton.lifecycle.health import StallWatchdog
 
     fired = []
     dog = StallWatchdog({"x": lambda: None}, lambda r: fired.append(r) or True, max_step_s=0.01)
@@ -343,7 +343,7 @@ def test_fail_all_ends_every_request_with_the_error_and_keeps_serving():
 
 
 def test_drain_refuses_new_requests_and_ends_the_rest_at_the_deadline():
-    from paddle_llm_triton.drain import Drain, DrainingError
+    from paddle_llm_triton.lifecycle.drain import Drain, DrainingError
 
     in_flight = [2]
     ended = []
@@ -364,7 +364,7 @@ def test_drain_refuses_new_requests_and_ends_the_rest_at_the_deadline():
 
 
 def test_sender_ledger_counts_senders_until_their_final():
-    from paddle_llm_triton.senders import SenderLedger
+    from paddle_llm_triton.lifecycle.senders import SenderLedger
 
     class Raw:
         def __init__(self, fail=False):

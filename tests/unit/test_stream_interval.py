@@ -10,7 +10,7 @@ import pytest
 
 from paddle_llm_engine.outputs import RequestOutput
 from paddle_llm_triton.config_params import serving_options
-from paddle_llm_triton.delta_buffer import SequenceBuffers
+from paddle_llm_triton.llm.delta_buffer import SequenceBuffers
 from test_responder import Sender, make, out, pb  # noqa: F401  (pb: the stand-in pb_utils fixture)
 
 
@@ -103,7 +103,7 @@ def test_serving_parameters_parse_with_defaults_and_errors_naming_the_parameter(
 
 
 def test_the_responder_sends_one_response_per_interval_to_the_client(pb):  # noqa: F811
-    from paddle_llm_triton.responder import ResponseOptions
+    from paddle_llm_triton.llm.responder import ResponseOptions
 
     r, _ = make(pb, coalesce=False, stream_interval=4)
     s = Sender()

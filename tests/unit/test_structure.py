@@ -149,3 +149,70 @@ def test_no_import_cycle_between_sub_packages_and_root_modules_of_any_package():
 def test_the_cycle_check_finds_a_cycle():
     assert _cycles({"a": {"b": ""}, "b": {"c": ""}, "c": {"a": ""}, "d": {"a": ""}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b": ""}, "b": {}}) == []
+
+
+# ---- the Triton adapter by role (issue "Structure III") ---------------------------------------------
+ADAPTER = ROOT / "backend" / "paddle_llm_triton"
+LAUNCHER = ROOT / "backend" / "paddle_llm_launcher"
+ADAPTER_ROOMS = {"llm", "ensemble", "engine_channel", "lifecycle", "contracts", "metrics"}
+ADAPTER_ROOT_MODULES = {"__init__", "config_params", "tensors", "errors"}  # shared by several rooms
+MAX_FILE_LINES = 400
+
+
+def _is_module(dotted: str) -> bool:
+    """A module or package of ours (backend/ holds every package these tests look at)."""
+    base = ROOT / "backend" / Path(*dotted.split("."))
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+def _imported_names(path: Path) -> set[str]:
+    """Every module the file imports: `from pkg import x` counts as pkg.x when x is a module, else pkg."""
+    out = set()
+    for m, names in _imports(path):
+        subs = {f"{m}.{n}" for n in names if _is_module(f"{m}.{n}")}
+        out |= subs if subs and len(subs) == len(names) else subs | {m}
+    return out
+
+
+def _room_imports(folder: Path, prefix: str) -> dict[str, set[str]]:
+    """file (relative to ROOT) -> the imported modules that start with prefix."""
+    return {str(p.relative_to(ROOT)): {m for m in _imported_names(p) if m == prefix or m.startswith(prefix + ".")}
+            for p in _python_files(folder)}
+
+
+def test_the_adapter_has_its_rooms_and_few_root_modules():
+    rooms = {p.name for p in ADAPTER.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+    assert rooms == ADAPTER_ROOMS
+    assert {p.stem for p in ADAPTER.glob("*.py")} == ADAPTER_ROOT_MODULES
+    # a stale __pycache__ of the old adapter/launcher/ may stay behind in a checkout: only sources count
+    assert not (ADAPTER / "launcher" / "__init__.py").exists() and (LAUNCHER / "__init__.py").is_file()
+
+
+def test_the_adapter_never_imports_the_launcher():
+    for folder in (ADAPTER, ROOT / "model_repository"):
+        bad = {f: ms for f, ms in _room_imports(folder, "paddle_llm_launcher").items() if ms}
+        assert not bad, bad
+
+
+def test_the_launcher_reads_only_what_it_shares_with_the_adapter():
+    """Config parameter names, the control bus and socket names, the supervisor's state folder;
+    never the request rooms (llm/, ensemble/) nor metrics/."""
+    used = set().union(*_room_imports(LAUNCHER, "paddle_llm_triton").values())
+    assert used == {"paddle_llm_triton.config_params", "paddle_llm_triton.engine_channel.control_bus",
+                    "paddle_llm_triton.engine_channel.unix_names", "paddle_llm_triton.lifecycle.restarts"}, used
+
+
+def test_the_request_rooms_do_not_import_each_other_and_lifecycle_imports_no_room():
+    """llm/ and ensemble/ meet only on the engine channel's protocol; lifecycle/ stands alone (the
+    launcher imports it)."""
+    for room, other in (("llm", "ensemble"), ("ensemble", "llm")):
+        bad = {f: ms for f, ms in _room_imports(ADAPTER / room, f"paddle_llm_triton.{other}").items() if ms}
+        assert not bad, bad
+    bad = {f: ms for f, ms in _room_imports(ADAPTER / "lifecycle", "paddle_llm_triton").items() if ms}
+    assert not bad, bad
+
+
+def test_no_adapter_launcher_or_model_file_is_longer_than_400_lines():
+    long = [f"{p.relative_to(ROOT)} ({n} lines)" for p in _python_files(ADAPTER, LAUNCHER, ROOT / "model_repository")
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_FILE_LINES]
+    assert not long, long

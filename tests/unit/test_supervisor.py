@@ -1,4 +1,4 @@
-"""The launcher's supervisor (paddle_llm_triton/launcher/supervisor.py) against fakes of what it
+"""The launcher's supervisor (paddle_llm_launcher/supervisor.py) against fakes of what it
 watches and drives: "stub" processes (sleep, exec'd under the stub's name with a stub's argv) as
 children of this process, a fake Triton repository API and metrics endpoint over HTTP, a recording
 readiness gate. Checked: a dead stub -> unload + load of its model, gate closed then opened, restart
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from paddle_llm_triton.launcher.supervisor import Supervisor, stub_identity, unhealthy_instances
-from paddle_llm_triton.restarts import notify_failure, restart_count
+from paddle_llm_launcher.supervisor import Supervisor, stub_identity, unhealthy_instances
+from paddle_llm_triton.lifecycle.restarts import notify_failure, restart_count
 
 
 ADMIN = {"paddle-llm-admin-key": "k" * 32}  # the launcher's admin header (admin_api.py)
@@ -243,7 +243,7 @@ def test_a_live_stub_gets_time_to_finish_before_anything_is_killed(rig):
 
 
 def test_a_drain_that_lost_nothing_is_clean_whatever_tritonserver_exits_with():
-    from paddle_llm_triton.launcher.shutdown import clean_despite_exit_code
+    from paddle_llm_launcher.shutdown import clean_despite_exit_code
 
     clean = {"left": 0, "open_responses": {}, "stuck": ["ensemble"]}
     assert clean_despite_exit_code(clean, 1, killed=False)

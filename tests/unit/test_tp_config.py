@@ -197,7 +197,7 @@ def test_killed_worker_fails_requests_in_flight(tmp_path):
 def test_a_worker_that_dies_while_the_engine_is_idle_is_a_failure_at_once(tmp_path):
     """No step runs to notice it: the watchdog's liveness probe (the executor's dead_worker) does,
     so the instance is reported failed (and reloaded) before a request meets the dead rank."""
-    from paddle_llm_triton.health import StallWatchdog
+    from paddle_llm_triton.lifecycle.health import StallWatchdog
 
     model_dir = tc.make_checkpoint("llama_tied", tmp_path / "ck")
     engine = LLMEngine(engine_config(model_dir, 2))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from paddle_llm_triton.unix_names import bound_names
+from paddle_llm_triton.engine_channel.unix_names import bound_names
 
 PREFIX = "paddle_llm_engine"
 

@@ -1,7 +1,7 @@
 """Model `ensemble`: the TensorRT-LLM ensemble contract as a decoupled Python (BLS) model that calls
 preprocessing -> llm -> postprocessing itself, so that a client's cancellation (which Triton 2.51
 does not pass into the steps of a real ensemble) stops the engine's work. The pipeline, the
-cancellation watcher and the `stop` signal live in paddle_llm_triton/ensemble_pipeline.py.
+cancellation watcher and the `stop` signal live in paddle_llm_triton/ensemble/pipeline.py.
 execute() hands each request to the pipeline and returns at once."""
 
 import gc
@@ -9,9 +9,9 @@ import json
 
 import triton_python_backend_utils as pb_utils
 
-from paddle_llm_triton.control_bus import ControlBus
-from paddle_llm_triton.drain import Drain
-from paddle_llm_triton.ensemble_pipeline import EnsemblePipeline
+from paddle_llm_triton.engine_channel.control_bus import ControlBus
+from paddle_llm_triton.lifecycle.drain import Drain
+from paddle_llm_triton.ensemble.pipeline import EnsemblePipeline
 
 
 class TritonPythonModel:

@@ -1,11 +1,11 @@
 """Ensemble step 3: shape one engine output into the TensorRT-LLM outputs.
 
-The ensemble pipeline (paddle_llm_triton/ensemble_pipeline.py) calls this model by BLS for every
+The ensemble pipeline (paddle_llm_triton/ensemble/pipeline.py) calls this model by BLS for every
 output frame an `llm` instance sends on the engine channel, with the frame's text delta
 (TEXT_DELTA), the new tokens' logprobs (OUTPUT_LOG_PROBS) and the cumulative logprob
 (CUM_LOG_PROB). Text arrives already detokenized: the engine detokenizes incrementally per request
 (it needs the text for stop strings), so every delta is whole UTF-8 with its word-boundary spaces,
-and the prompt prefix of a non-streamed answer is already in it (delta_buffer.py)."""
+and the prompt prefix of a non-streamed answer is already in it (paddle_llm_triton/llm/delta_buffer.py)."""
 
 import numpy as np
 import triton_python_backend_utils as pb_utils

@@ -1,6 +1,6 @@
 """Drain: a stub stops taking new requests and lets those in flight finish, for at most a grace period.
 
-The launcher sends {"type": "drain", "grace_s": N} to every stub's control socket (control_bus.py)
+The launcher sends {"type": "drain", "grace_s": N} to every stub's control socket (engine_channel/control_bus.py)
 when it is asked to stop. From then on `refuse_if_draining()` raises DrainingError (the models answer
 UNAVAILABLE, so clients retry elsewhere), requests already running go on, and when the grace period
 ends with requests still in flight `on_deadline(message)` ends them with an error. `status()` is the

@@ -17,7 +17,7 @@ Per client request (one thread each; the engine's own threads do the heavy work)
 2. The request may carry B rows (inputs shaped [B, 1], max_batch_size >= B): each row is its own
    engine request. preprocessing (BLS) runs for every row first; an error there ends the client's
    request with that error before anything is generated.
-3. one engine request per row on the engine channel (ensemble_protocol.py); num_return_sequences
+3. one engine request per row on the engine channel (engine_channel/protocol.py); num_return_sequences
    > 1 asks for that many sequences of the row's prompt (they share its KV blocks in the engine).
 4. every output frame -> postprocessing (BLS) -> the client, with `batch_index` (B > 1),
    `sequence_index` (n > 1), `num_input_tokens` / `num_output_tokens` and the perf metrics when
@@ -31,7 +31,8 @@ not sent. A row whose engine request fails ends the client's request with the er
 other rows; an llm instance that goes away mid-request ends it with UNAVAILABLE naming the
 instance, and a request that finds no instance serving is refused with UNAVAILABLE.
 Errors keep Triton's ensemble wording: "in ensemble '<name>', <message of the step>".
-The state of a request in flight and the response helpers are in ensemble_requests.py.
+The state of a request in flight and the response helpers are in requests.py; the BLS steps
+(preprocessing, postprocessing) and the tensors of one row in steps.py.
 """
 
 from __future__ import annotations
@@ -44,42 +45,16 @@ import uuid
 import numpy as np
 
 from paddle_llm_engine.errors import InvalidRequestError
-from paddle_llm_triton import ensemble_protocol as protocol
-from paddle_llm_triton.drain import DrainingError
+from paddle_llm_triton.engine_channel import protocol
+from paddle_llm_triton.lifecycle.drain import DrainingError
 from paddle_llm_triton.engine_channel.client import ChannelClient, ChannelClosed, ChannelUnavailable
-from paddle_llm_triton.ensemble_requests import (ClientRequest, Flight, Row, StepError, as_text, batch_row,
-                                                 bls_error_code, ensemble_response)
+from paddle_llm_triton.ensemble import steps
+from paddle_llm_triton.ensemble.requests import ClientRequest, Flight, Row, StepError, batch_row, ensemble_response
 from paddle_llm_triton.errors import triton_code
-from paddle_llm_triton.request_timeout import timeout_us
-from paddle_llm_triton.senders import SenderLedger
+from paddle_llm_triton.contracts.timeout import timeout_us
+from paddle_llm_triton.lifecycle.senders import SenderLedger
 
 log = logging.getLogger(__name__)
-
-# inputs of `ensemble` that preprocessing takes (the others are read here)
-PRE_INPUTS = ("text_input", "max_tokens", "stream", "stop_words", "bad_words", "end_id", "pad_id", "top_k",
-              "top_p", "temperature", "repetition_penalty", "presence_penalty", "frequency_penalty",
-              "length_penalty", "min_tokens", "min_length", "seed", "random_seed", "exclude_input_in_output",
-              "return_log_probs", "beam_width", "num_return_sequences", "apply_chat_template",
-              "guided_decoding_guide_type", "guided_decoding_guide", "reasoning_max_tokens", "thinking_token_budget")
-PRE_OUTPUTS = ["INPUT_IDS", "SAMPLING_PARAMETERS", "STREAM", "EXCLUDE_INPUT_IN_OUTPUT", "RETURN_LOG_PROBS"]
-POST_OUTPUTS = ["text_output", "cum_log_probs", "output_log_probs"]
-
-# TensorRT-LLM ensemble inputs declared so that its clients are not refused by Triton, for features
-# this engine does not have: sending one (non-empty, or true for a flag) is INVALID_ARG saying so.
-UNSUPPORTED_INPUTS = {
-    "decoder_text_input": "encoder-decoder models are not supported",
-    "return_context_logits": "context logits are not returned by this engine",
-    "return_generation_logits": "generation logits are not returned by this engine",
-    "prompt_embedding_table": "prompt tuning (prompt embedding tables) is not supported",
-    "prompt_table_extra_id": "prompt tuning (prompt embedding tables) is not supported",
-    "prompt_vocab_size": "prompt tuning (prompt embedding tables) is not supported",
-    "embedding_bias_words": "embedding bias is not supported",
-    "embedding_bias_weights": "embedding bias is not supported",
-    "lora_task_id": "LoRA adapters are not supported",
-    "lora_weights": "LoRA adapters are not supported",
-    "lora_config": "LoRA adapters are not supported",
-}
-
 
 def _pb():
     import triton_python_backend_utils as pb_utils
@@ -88,6 +63,12 @@ def _pb():
 
 
 class EnsemblePipeline:
+    """The `ensemble` model's work: submit() hands each client request to its own thread (module doc).
+
+    name / preprocessing / llm / postprocessing: the model names; poll_s: seconds between cancellation
+    checks; give_up_s: seconds after an abort before a row's connection is closed; channel: the engine
+    channel client (default: one to the `llm` instances); coalesce: merge the frames a row fell behind on."""
+
     def __init__(self, name: str = "ensemble", preprocessing: str = "preprocessing", llm: str = "llm",
                  postprocessing: str = "postprocessing", poll_s: float = 0.1, give_up_s: float = 30.0,
                  channel: ChannelClient | None = None, coalesce: bool = True):
@@ -118,6 +99,7 @@ class EnsemblePipeline:
         return self._in_flight
 
     def shutdown(self) -> None:
+        """Stop the engine requests in flight (the server is going away) and the cancellation watcher."""
         self._stopping.set()
         with self._lock:
             flights = list(self._flights.values())
@@ -154,11 +136,12 @@ class EnsemblePipeline:
     def _generate(self, request, sender) -> None:
         pb = _pb()
         tensors = {t.name(): t.as_numpy() for t in request.inputs()}
-        self._reject_unsupported(tensors)
+        steps.reject_unsupported(tensors)
         if "text_input" not in tensors:  # optional in config.pbtxt only so that `stop` may come without it
             raise InvalidRequestError("text_input", "required: the prompt (a `stop` request alone may omit it)")
         batch = tensors["text_input"].shape[0] if tensors["text_input"].ndim >= 2 else 1
-        rows = [self._preprocess(b, {k: batch_row(v, b, batch) for k, v in tensors.items()}) for b in range(batch)]
+        rows = [steps.preprocess(self.pre_model, b, {k: batch_row(v, b, batch) for k, v in tensors.items()})
+                for b in range(batch)]
         client = ClientRequest(request.request_id(), sender, remaining=sum(r.n for r in rows),
                                timeout_us=timeout_us(request))  # the engine enforces it (llm's request.timeout())
         flights = []
@@ -187,52 +170,12 @@ class EnsemblePipeline:
                 f.stream = None
             client.flights = []
 
-    def _reject_unsupported(self, tensors: dict) -> None:
-        pb = _pb()
-        for name, why in UNSUPPORTED_INPUTS.items():
-            arr = tensors.get(name)
-            if arr is None or arr.size == 0:
-                continue
-            if arr.dtype == np.bool_ and not arr.any():
-                continue  # return_context_logits / return_generation_logits false: nothing asked
-            if arr.dtype == np.object_ and all(v in (b"", "") for v in arr.reshape(-1)):
-                continue
-            raise StepError(f"{name}: {why}", pb.TritonError.INVALID_ARG)
-
-    def _preprocess(self, index: int, row: dict) -> Row:
-        pb = _pb()
-        inputs = [pb.Tensor(n, v) for n, v in row.items() if n in PRE_INPUTS]
-        pre = self._exec(pb.InferenceRequest(model_name=self.pre_model, inputs=inputs,
-                                             requested_output_names=PRE_OUTPUTS))
-        n = row.get("num_return_sequences")  # validated by preprocessing
-
-        def flag(name):
-            v = row.get(name)
-            return v is not None and bool(v.reshape(-1)[0])
-
-        return Row(index, {k: pb.get_output_tensor_by_name(pre, k).as_numpy() for k in PRE_OUTPUTS},
-                    row["text_input"], 1 if n is None else int(n.reshape(-1)[0]), flag("return_perf_metrics"),
-                    flag("return_num_input_tokens"), flag("return_num_output_tokens"))
-
-    def _engine_request(self, f: Flight, r: Row) -> dict:
-        pre = r.pre
-        stream = bool(pre["STREAM"].reshape(-1)[0])
-        exclude = bool(pre["EXCLUDE_INPUT_IN_OUTPUT"].reshape(-1)[0])
-        sp = pre["SAMPLING_PARAMETERS"].reshape(-1)[0]
-        # TensorRT-LLM: a non-streamed answer starts with the prompt unless exclude_input_in_output;
-        # a stream never repeats it
-        prompt_text = None if stream or exclude else as_text(r.text.reshape(-1)[0])
-        return protocol.generate_request(
-            pre["INPUT_IDS"].reshape(-1).tolist(), as_text(sp), r.n, stream, prompt_text,
-            bool(pre["RETURN_LOG_PROBS"].reshape(-1)[0]), r.perf, f.client.client_id,
-            timeout_s=f.client.timeout_us / 1e6 if f.client.timeout_us else None)
-
     def _stream_row(self, f: Flight, r: Row, batched: bool) -> None:
         """Relay one row's engine outputs to the client (on its own thread for rows after the first)."""
         pb = _pb()
         client = f.client
         try:
-            f.stream = self.channel.open(self._engine_request(f, r))
+            f.stream = self.channel.open(steps.engine_request(f, r))
             if client.cancelled:  # the watcher saw the cancellation before the stream existed
                 self._stop_flight(f)
             ahead = None  # a frame read while coalescing that did not merge: the next to handle
@@ -253,7 +196,7 @@ class EnsemblePipeline:
                     break
                 if not (client.cancelled or client.done):  # else nobody listens: read to the end
                     try:
-                        tensors = self._post(frame) + self._extra_outputs(r, frame, batched)
+                        tensors = steps.postprocess(self.post_model, frame) + steps.extra_outputs(r, frame, batched)
                     except StepError as e:
                         self._fail(client, str(e), e.code)
                     else:
@@ -313,38 +256,6 @@ class EnsemblePipeline:
                      "abort", self.name, client.client_id, f.inner_id,
                      time.monotonic() - (f.first_stop_at or time.monotonic()))
 
-    def _extra_outputs(self, r: Row, frame: dict, batched: bool) -> list:
-        """TensorRT-LLM's optional outputs, each [1, 1]: batch_index (B > 1), sequence_index (n > 1),
-        num_input_tokens / num_output_tokens (a streamed response: its own tokens) and the perf
-        metrics when asked."""
-        pb = _pb()
-        extra = []
-        if batched:
-            extra.append(pb.Tensor("batch_index", np.array([[r.index]], dtype=np.int32)))
-        if r.n > 1:
-            extra.append(pb.Tensor("sequence_index", np.array([[int(frame.get("seq", 0))]], dtype=np.int32)))
-        if r.num_input_tokens:
-            extra.append(pb.Tensor("num_input_tokens", np.array([[frame.get("num_prompt_tokens", 0)]], dtype=np.int32)))
-        if r.num_output_tokens:
-            stream = bool(r.pre["STREAM"].reshape(-1)[0])
-            n = len(frame.get("ids") or []) if stream else frame.get("num_output_tokens", 0)
-            extra.append(pb.Tensor("num_output_tokens", np.array([[n]], dtype=np.int32)))
-        if r.perf:
-            values = frame.get("perf") or {}
-            for name, dtype in protocol.PERF_OUTPUTS:
-                extra.append(pb.Tensor(name, np.array([[values.get(name, 0)]], dtype=dtype)))
-        return extra
-
-    def _post(self, frame: dict) -> list:
-        pb = _pb()
-        text = np.array([[str(frame.get("text", "")).encode("utf-8")]], dtype=np.object_)
-        lps = np.asarray(frame.get("logprobs") or [], dtype=np.float32).reshape(1, -1)
-        cum = np.array([[float(frame.get("cum", 0.0))]], dtype=np.float32)
-        resp = self._exec(pb.InferenceRequest(
-            model_name=self.post_model, requested_output_names=POST_OUTPUTS,
-            inputs=[pb.Tensor("TEXT_DELTA", text), pb.Tensor("OUTPUT_LOG_PROBS", lps), pb.Tensor("CUM_LOG_PROB", cum)]))
-        return [pb.Tensor(n, pb.get_output_tensor_by_name(resp, n).as_numpy()) for n in POST_OUTPUTS]
-
     def _fail(self, client: ClientRequest, message: str, code) -> None:
         """End the client's request with an error and stop its other rows."""
         pb = _pb()
@@ -400,14 +311,6 @@ class EnsemblePipeline:
         f.first_stop_at = f.first_stop_at or time.monotonic()
         if f.stream is not None:
             f.stream.cancel()
-
-    # -- helpers ----------------------------------------------------------------------------------
-    def _exec(self, req):
-        resp = req.exec()
-        if resp.has_error():
-            err = resp.error()
-            raise StepError(err.message(), bls_error_code(err))
-        return resp
 
     def _error_text(self, message: str) -> str:
         return message if message.startswith("in ensemble ") else f"in ensemble '{self.name}', {message}"

@@ -64,7 +64,7 @@ def perf_metrics(out) -> dict:
 
 
 def output_frame(out, flush, logprobs: bool, perf: bool) -> dict:
-    """The frame for one Flush (delta_buffer.py) of RequestOutput `out`."""
+    """The frame for one Flush (llm/delta_buffer.py) of RequestOutput `out`."""
     frame = {"type": "output", "seq": out.sequence_index, "text": flush.text, "ids": flush.ids,
              "logprobs": [float(lp) if logprobs else 0.0 for lp, _ in flush.logprobs],
              "cum": float(out.cumulative_logprob) if logprobs else 0.0,

@@ -21,11 +21,11 @@ import threading
 import time
 from pathlib import Path
 
-from paddle_llm_triton.launcher.repository import RepositoryClient, RepositoryError
+from paddle_llm_launcher.repository import RepositoryClient, RepositoryError
 
 GATE_MODELS = ("readiness_gate_a", "readiness_gate_b")
 
-_CONFIG = '''# The launcher's readiness gate (paddle_llm_triton/launcher/gate.py): not an inference model.
+_CONFIG = '''# The launcher's readiness gate (paddle_llm_launcher/gate.py): not an inference model.
 name: "{name}"
 backend: "python"
 max_batch_size: 0
@@ -34,7 +34,7 @@ output [ {{ name: "unused_out" data_type: TYPE_BOOL dims: [ 1 ] }} ]
 instance_group [ {{ count: 1 kind: KIND_CPU }} ]
 '''
 
-_MODEL = '''"""The launcher's readiness gate (paddle_llm_triton/launcher/gate.py). Not an inference model: while
+_MODEL = '''"""The launcher's readiness gate (paddle_llm_launcher/gate.py). Not an inference model: while
 its flag file exists its load does not finish, which keeps /v2/health/ready false."""
 
 import os

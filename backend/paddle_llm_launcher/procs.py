@@ -66,13 +66,6 @@ def stub_region(pid: int) -> str | None:
     return None
 
 
-def regions_now() -> set[str]:
-    try:
-        return {str(SHM_DIR / n) for n in os.listdir(SHM_DIR) if n.startswith(SHM_PREFIX)}
-    except OSError:
-        return set()
-
-
 def kill_if_same(processes) -> int:
     """SIGKILL each (pid, start time) that is still that process; returns how many were signalled."""
     n = 0

@@ -1,7 +1,4 @@
-"""Start the tritonserver binary of the nvidia-pytriton wheel on CPU, wait for it, stop it cleanly.
-
-`start_server(...)` returns a `TritonServer` handle with `wait_ready(timeout)` and `stop()`; tests,
-benchmarks and scripts/launch_triton.py (foreground mode, `make serve`) all start servers this way.
+"""The handle of a running tritonserver (`TritonServer`): readiness, restart, drain, and a clean stop.
 
 Shutdown: SIGTERM to tritonserver (which runs with `--exit-timeout-secs`), then a watchdog. Triton 2.51
 can hang past its exit timeout with an open gRPC stream and leave the Python backend's shared-memory
@@ -11,110 +8,23 @@ regions behind, so if the server has not exited `kill_after` seconds after the s
 owned when one of this server's processes had it mapped (read from /proc/PID/maps just before the
 kill) or a stub of this server was started with it (its argv, recorded while the server runs).
 
-Environment of the server (`server_env`, the one place that builds it): the venv's bin first on PATH
-(that is how the stub finds the venv's site-packages; PYTHONPATH is ignored) and the base
-interpreter's own lib directory first on LD_LIBRARY_PATH (so the stub does not mix a distribution
-libpython with the venv's). The model folder reaches the llm model as env var PADDLE_LLM_MODEL_DIR;
-its config parameter `model_dir`, when set to a non-empty value, wins over the variable.
-
-Supervised mode (`start_server(supervise=True)`, what `make serve` runs): tritonserver runs with
-`--model-control-mode explicit`, `--load-model` for every model of the repository, and a second
-repository holding the readiness gate (gate.py, loaded only to turn readiness false); once ready, a Supervisor thread (supervisor.py) reloads any model whose stub dies or whose
-engine reports unhealthy, and `drain(grace_s)` (shutdown.py) drains before `stop()` (with the accept
-window DRAIN_ACCEPT_S, read at start: the seconds new requests are still served after readiness turned
-false). The supervisor's state folder reaches the models as PADDLE_LLM_SUPERVISOR_STATE (restart counts).
-
-Who may call the administrative APIs (admin_api.py): every server started here restricts Triton's
-model-repository, shared-memory, trace and logging APIs to requests that carry the launcher's admin
-header (a secret made per start unless TRITON_ADMIN_KEY is set; TRITON_RESTRICTED_APIS changes the
-list). The handle's `admin_headers` open them for the supervisor, the readiness gate and the drain.
-
 Only the standard library is used here.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
-import socket
 import subprocess
 import sys
-import sysconfig
 import threading
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
-from paddle_llm_triton.launcher import procs
-from paddle_llm_triton.launcher.admin_api import AdminAccess, admin_access
-from paddle_llm_triton.launcher.procs import STUB_NAME
-from paddle_llm_triton.restarts import STATE_ENV
-
-REPO_ROOT = Path(__file__).resolve().parents[3]  # the project is installed editable (scripts/setup.sh)
-DEFAULT_BACKEND_DIR = REPO_ROOT / "build" / "triton_backends"
-MODEL_DIR_ENV = "PADDLE_LLM_MODEL_DIR"
-
-
-def pytriton_server_dir() -> Path:
-    """`pytriton/tritonserver` inside the installed nvidia-pytriton wheel (found without importing it)."""
-    spec = importlib.util.find_spec("pytriton")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("nvidia-pytriton is not installed in this interpreter (run scripts/setup.sh)")
-    return Path(list(spec.submodule_search_locations)[0]) / "tritonserver"
-
-
-def tritonserver_binary() -> Path:
-    path = pytriton_server_dir() / "bin" / "tritonserver"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found")
-    return path
-
-
-def python_libdir() -> str:
-    """The base interpreter's own lib directory (holds its libpython), also when running in a venv."""
-    return sysconfig.get_config_var("LIBDIR") or str(Path(sys.base_prefix) / "lib")
-
-
-def venv_bin() -> Path:
-    return Path(sys.prefix) / "bin"
-
-
-def _prepend(path_list: str | None, first: str) -> str:
-    parts = [p for p in (path_list or "").split(os.pathsep) if p and p != first]
-    return os.pathsep.join([first] + parts)
-
-
-def server_env(model_dir: str | os.PathLike | None, base: dict | None = None,
-               python_bin: str | os.PathLike | None = None) -> dict:
-    """python_bin: the bin folder put first on PATH (the stub uses that venv's packages); default
-    this interpreter's venv (tests pass a throw-away venv layered on it)."""
-    env = dict(os.environ if base is None else base)
-    env["PATH"] = _prepend(env.get("PATH"), str(python_bin or venv_bin()))
-    env["LD_LIBRARY_PATH"] = _prepend(env.get("LD_LIBRARY_PATH"), python_libdir())
-    env.pop("PYTHONHOME", None)
-    if model_dir:
-        env[MODEL_DIR_ENV] = str(Path(model_dir).resolve())
-    return env
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A currently free TCP port on loopback (the OS picks it; tiny race until the server binds it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def free_ports(n: int = 3, host: str = "127.0.0.1") -> list[int]:
-    """n distinct free ports (HTTP, gRPC, metrics)."""
-    ports: list[int] = []
-    while len(ports) < n:
-        port = free_port(host)
-        if port not in ports:
-            ports.append(port)
-    return ports
-
+from paddle_llm_launcher import procs
+from paddle_llm_launcher.admin_api import AdminAccess
 
 class TritonServer:
     """A running tritonserver process; `stop()` shuts it down cleanly (see module doc)."""
@@ -239,7 +149,7 @@ class TritonServer:
         """Supervised mode only: readiness false, refuse new requests (after accept_s seconds; None:
         the server's DRAIN_ACCEPT_S, default 0), wait for the requests in flight (at most grace_s),
         unload every model (shutdown.py). Call stop() after it."""
-        from paddle_llm_triton.launcher.shutdown import drain
+        from paddle_llm_launcher.shutdown import drain
 
         if self.supervisor is None:
             raise RuntimeError("drain() needs a server started with supervise=True")
@@ -333,73 +243,3 @@ def _popen(launch, log_path: Path | None, mode: str) -> subprocess.Popen:
     finally:
         if out is not None:
             out.close()
-
-
-def server_command(model_repo, http_port, grpc_port, metrics_port, backend_dir=None,
-                   exit_timeout: int = 5, extra_args=()) -> list[str]:
-    backend_dir = Path(backend_dir or DEFAULT_BACKEND_DIR)
-    # Loopback unless the operator says otherwise (containers publishing ports set BIND_ADDRESS).
-    host = os.environ.get("BIND_ADDRESS", "127.0.0.1")
-    return [
-        str(tritonserver_binary()),
-        "--model-repository", str(Path(model_repo).resolve()),
-        "--backend-directory", str(backend_dir.resolve()),
-        "--http-address", host, "--http-port", str(http_port),
-        "--grpc-address", host, "--grpc-port", str(grpc_port),
-        "--metrics-address", host, "--metrics-port", str(metrics_port),
-        "--allow-gpu-metrics", "false",
-        "--pinned-memory-pool-byte-size", "0",
-        "--disable-auto-complete-config",
-        "--exit-timeout-secs", str(exit_timeout),
-        *extra_args,
-    ]
-
-
-def start_server(model_repo, http_port: int, grpc_port: int, metrics_port: int, model_dir=None,
-                 log_path=None, backend_dir=None, extra_args=(), exit_timeout: int = 5,
-                 kill_after: float = 15.0, env: dict | None = None, python_bin=None,
-                 supervise: bool = False, log=print, admin: AdminAccess | None = None) -> TritonServer:
-    """Start tritonserver (not waiting for it). log_path None: output goes to this process's stdout.
-    env: the server's base environment (default os.environ); python_bin: see server_env.
-    supervise: supervised mode (see the module doc; the supervisor starts with wait_ready(), or call
-    handle.supervisor.start() once ready); log(line): where the supervisor reports.
-    admin: the restricted-API policy (default: admin_api.admin_access() from `env`: the repository,
-    shared-memory, trace and logging APIs need the handle's admin_headers). Raises ValueError for a
-    bad TRITON_RESTRICTED_APIS / TRITON_ADMIN_KEY, or restricted-API flags in extra_args."""
-    import tempfile
-
-    from paddle_llm_triton.launcher.gate import ReadinessGate, make_gate_repository
-    from paddle_llm_triton.launcher.shutdown import accept_seconds
-    from paddle_llm_triton.launcher.supervisor import Supervisor
-
-    # a bad DRAIN_ACCEPT_S fails here, at start, not when the server is asked to stop
-    drain_accept_s = accept_seconds() if supervise else 0.0
-    if admin is None:
-        admin = admin_access(os.environ if env is None else env, extra_args)
-    backend_dir = Path(backend_dir or DEFAULT_BACKEND_DIR)
-    if not (backend_dir / "python" / STUB_NAME).is_file():
-        raise FileNotFoundError(f"{backend_dir}/python/{STUB_NAME} missing (run scripts/setup.sh)")
-    state_dir = None
-    if supervise:
-        state_dir = Path(tempfile.mkdtemp(prefix="paddle_llm_supervisor_"))
-        gate_repo = make_gate_repository(state_dir)
-        models = sorted(d.name for d in Path(model_repo).iterdir() if (d / "config.pbtxt").is_file())
-        extra_args = ["--model-repository", str(gate_repo), "--model-control-mode", "explicit",
-                      *[a for m in models for a in ("--load-model", m)], *extra_args]
-        env = dict(os.environ if env is None else env)
-        env[STATE_ENV] = str(state_dir)
-    cmd = server_command(model_repo, http_port, grpc_port, metrics_port, backend_dir,
-                         exit_timeout, [*admin.server_args(), *extra_args])
-    if log_path is not None:
-        log_path = Path(log_path)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-    launch = (cmd, server_env(model_dir, env, python_bin))
-    server = TritonServer(_popen(launch, log_path, "wb"), http_port, grpc_port, metrics_port, log_path,
-                          exit_timeout, kill_after, admin)
-    server._launch = launch
-    if supervise:
-        server.drain_accept_s = drain_accept_s
-        server.state_dir = state_dir
-        server.gate = ReadinessGate(http_port, state_dir, server.admin_headers)
-        server.supervisor = Supervisor(server, state_dir, gate=server.gate, log=log, models=tuple(models))
-    return server

@@ -1,5 +1,5 @@
 """The `ensemble`'s engine requests as an `llm` instance serves them: `generate` frames of the engine
-channel (ensemble_protocol.py) in, engine requests out, their outputs back as frames.
+channel (engine_channel/protocol.py) in, engine requests out, their outputs back as frames.
 
 Runs on two threads and never calls pb_utils: `start` / `abort` on the channel's selector thread,
 `_on_output` on the engine thread (it only buffers and enqueues; the channel encodes and writes).
@@ -14,12 +14,12 @@ from typing import Callable
 
 from paddle_llm_engine import EngineBusyError, EngineDeadError, EngineLoop, InvalidRequestError
 from paddle_llm_engine.outputs import RequestOutput
-from paddle_llm_triton import ensemble_protocol as protocol
+from paddle_llm_triton.engine_channel import protocol
 from paddle_llm_triton.contracts.defaults import apply_default_max_tokens
 from paddle_llm_triton.contracts.values import triton_error
 from paddle_llm_triton.contracts.trtllm import from_pipeline_json
-from paddle_llm_triton.delta_buffer import SequenceBuffers
-from paddle_llm_triton.drain import Drain, DrainingError
+from paddle_llm_triton.llm.delta_buffer import SequenceBuffers
+from paddle_llm_triton.lifecycle.drain import Drain, DrainingError
 
 log = logging.getLogger(__name__)
 

@@ -4,8 +4,9 @@ of a running request aborts that request.
 Each `llm` instance keeps the Triton request ids of its requests in flight (`StopRegistry`). A stop
 request can reach any instance of the model (Triton routes it like any request), so the instance
 that receives it aborts its own matches and forwards the id to its sibling instances as a `stop`
-message on the control bus (control_bus.py), which abort theirs. Ids are matched exactly; every request in flight with
-that id is aborted (request ids should be unique among requests in flight for stop to be precise).
+message on the control bus (engine_channel/control_bus.py), which abort theirs. Ids are matched
+exactly; every request in flight with that id is aborted (request ids should be unique among requests
+in flight for stop to be precise).
 """
 
 from __future__ import annotations

@@ -38,10 +38,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from paddle_llm_triton.launcher import procs
-from paddle_llm_triton.launcher.repository import RepositoryClient, RepositoryError
-from paddle_llm_triton.unix_names import accept_credentials, recv_same_user
-from paddle_llm_triton.restarts import RESTARTS_FILE, supervisor_address
+from paddle_llm_launcher import procs
+from paddle_llm_launcher.repository import RepositoryClient, RepositoryError
+from paddle_llm_triton.engine_channel.unix_names import accept_credentials, recv_same_user
+from paddle_llm_triton.lifecycle.restarts import RESTARTS_FILE, supervisor_address
 # How long a live stub whose engine failed gets to finalize and exit before its processes are killed.
 # Triton 2.51 waits for the stub process without a bound, and the stub's finalize takes 1-3 s here
 # (tensor parallel: the workers' stop grace included); once in a few soaks the exit took over 30 s.
@@ -99,7 +99,7 @@ class Supervisor:
         self.server = server
         self.repo = RepositoryClient(server.http_port, headers=server.admin_headers)
         self.state_dir = Path(state_dir)
-        from paddle_llm_triton.launcher.gate import GATE_MODELS
+        from paddle_llm_launcher.gate import GATE_MODELS
 
         self.ignore = set(ignore) | set(GATE_MODELS)
         # the models of the served repository (None: every model seen); one loaded later through the

@@ -50,10 +50,3 @@ class RepositoryClient:
 
     def unload(self, model: str, timeout: float = 30.0) -> None:
         self._post(f"/v2/repository/models/{model}/unload", timeout=timeout)
-
-    def model_ready(self, model: str, timeout: float = 2.0) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.base}/v2/models/{model}/ready", timeout=timeout) as r:
-                return r.status == 200
-        except (urllib.error.URLError, OSError):
-            return False

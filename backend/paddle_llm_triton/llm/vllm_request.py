@@ -30,8 +30,8 @@ from paddle_llm_triton import tensors as T
 from paddle_llm_triton.contracts.defaults import apply_default_max_tokens
 from paddle_llm_triton.contracts.vllm import (check_stream_prompt, contract_error, from_request_parameters,
                                               from_vllm_json)
-from paddle_llm_triton.delta_buffer import Flush
-from paddle_llm_triton.request_timeout import timeout_seconds
+from paddle_llm_triton.llm.delta_buffer import Flush
+from paddle_llm_triton.contracts.timeout import timeout_seconds
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """What a model and the launcher's supervisor tell each other through the supervisor's state folder
 (PADDLE_LLM_SUPERVISOR_STATE, set for tritonserver and its stubs; unset under plain tritonserver).
 
-- restart_count(model): the supervisor (launcher/supervisor.py) writes {model name: reloads} to
+- restart_count(model): the supervisor (paddle_llm_launcher/supervisor.py) writes {model name: reloads} to
   restarts.json there before each reload; the llm model reports it as llm_engine_restarts.
 - notify_failure(...): an llm instance whose engine failed tells the supervisor at once (a datagram to
   the abstract socket named after the folder), so the reload starts within milliseconds instead of at

@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from paddle_llm_engine.outputs import RequestOutput
-from paddle_llm_triton.delta_buffer import SequenceBuffers
+from paddle_llm_triton.llm.delta_buffer import SequenceBuffers
 from paddle_llm_triton.errors import triton_code
-from paddle_llm_triton.vllm_request import ResponseOptions
+from paddle_llm_triton.llm.vllm_request import ResponseOptions
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The state of one `ensemble` request while ensemble_pipeline.py relays it, and the helpers that
+"""The state of one `ensemble` request while pipeline.py relays it, and the helpers that
 build its responses: ClientRequest (the client's sender, guarded), Flight (one engine request of a row),
 Row (what preprocessing made of a row)."""
 
@@ -87,6 +87,9 @@ class Row:
 
 
 class StepError(Exception):
+    """A step of the pipeline failed or refused the request; `code` is the pb_utils.TritonError code
+    the client's error response carries."""
+
     def __init__(self, message: str, code):
         super().__init__(message)
         self.code = code
@@ -98,6 +101,7 @@ def batch_row(arr: np.ndarray, b: int, batch: int) -> np.ndarray:
 
 
 def as_text(v) -> str:
+    """A BYTES tensor element (bytes, UTF-8, undecodable bytes replaced) or any value -> str."""
     return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
 
 
@@ -119,6 +123,8 @@ _parameters_supported: bool | None = None
 
 
 def ensemble_response(tensors: list, finish_reason: str = ""):
+    """A pb_utils.InferenceResponse of `tensors` with the sequence parameters a Triton ensemble sends
+    (and finish_reason when it ends a sequence); without them on a Python backend that has none."""
     global _parameters_supported
     pb = _pb()
     if _parameters_supported is not False:

@@ -7,9 +7,9 @@ Each stub process of ours binds a Unix datagram socket in the abstract namespace
 is sent back to the sender's address (the launcher binds one to ask). Delivery is best effort: a
 peer that is not (yet) listening is skipped.
 - {"type": "stop", "id": Triton request id}: abort the requests in flight under that id
-  (stop_requests.py), published by the instance that received the stop to its siblings;
+  (llm/stop_requests.py), published by the instance that received the stop to its siblings;
 - {"type": "drain", "grace_s": seconds}: refuse new requests from now on, abort those still running
-  after grace_s (drain.py); {"type": "status"} answers {"type": "status", "instance", "draining",
+  after grace_s (lifecycle/drain.py); {"type": "status"} answers {"type": "status", "instance", "draining",
   "in_flight"} (the launcher polls it to know when the drain is done).
 """
 
@@ -23,7 +23,7 @@ import threading
 import time
 from typing import Callable
 
-from paddle_llm_triton.unix_names import accept_credentials, bound_names, recv_same_user
+from paddle_llm_triton.engine_channel.unix_names import accept_credentials, bound_names, recv_same_user
 
 log = logging.getLogger(__name__)
 

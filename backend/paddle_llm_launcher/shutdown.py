@@ -7,8 +7,9 @@ finish, then let tritonserver exit by itself with code 0.
    them failed does not hand its clients a refusal; then steps 1-4, step 2 already done. It is the
    `preStop` sleep of Kubernetes (where endpoints follow the pod's termination, not its probes) with
    readiness false during it, which is what a balancer that only sees health checks needs;
-1. every stub of ours gets {"type": "drain", "grace_s": N} on its control socket (control_bus.py):
-   new requests are refused at once with UNAVAILABLE, the ones in flight go on;
+1. every stub of ours gets {"type": "drain", "grace_s": N} on its control socket
+   (paddle_llm_triton/engine_channel/control_bus.py): new requests are refused at once with
+   UNAVAILABLE, the ones in flight go on;
 2. the readiness gate (gate.py) closes: /v2/health/ready answers 400 from now on, so load balancers
    and Kubernetes stop routing here;
 3. the stubs are polled ({"type": "status"}) until none has a request in flight, or until the grace
@@ -27,9 +28,9 @@ import os
 import time
 from typing import Callable
 
-from paddle_llm_triton import control_bus
-from paddle_llm_triton.launcher.gate import GATE_MODELS
-from paddle_llm_triton.launcher.repository import RepositoryClient, RepositoryError
+from paddle_llm_triton.engine_channel import control_bus
+from paddle_llm_launcher.gate import GATE_MODELS
+from paddle_llm_launcher.repository import RepositoryClient, RepositoryError
 
 ACCEPT_ENV = "DRAIN_ACCEPT_S"
 

@@ -19,7 +19,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from paddle_llm_triton.launcher import procs
+from paddle_llm_launcher import procs
 
 
 def frontend_command(grpc_port: int, metrics_port: int, openai_port: int, model_dir, host: str | None = None,
