@@ -137,11 +137,12 @@ def _error_lines(path: Path, limit: int = 20) -> str:
 
 
 # The fast tier (`make test-fast`, `-m "not slow"`): a test is slow when it talks to a real server
-# (one of these fixtures, or the e2e marker), runs the soak, or is marked slow by hand because it
-# takes seconds on its own (a model run end to end, a property search). `make test` runs both tiers.
+# (one of these fixtures, or the e2e marker), runs the soak, runs a real checkpoint or the GCU
+# stand-in plug-in (tests/model, tests/gcu: seconds per test), or is marked slow by hand because it
+# takes seconds on its own (a property search, a process death). `make test` runs both tiers.
 SERVER_FIXTURES = frozenset({"triton_server", "triton_server_factory", "openai_server", "openai_client",
                              "async_openai_client"})
-SLOW_FOLDERS = ("tests/soak/test_soak_short.py", "tests/scaleout/")
+SLOW_FOLDERS = ("tests/soak/test_soak_short.py", "tests/scaleout/", "tests/model/", "tests/gcu/")
 
 
 def pytest_collection_modifyitems(config, items):
