@@ -55,8 +55,8 @@ def _overlay(args, env) -> str:
     return str(dest)
 
 
-def main(argv=None) -> int:
-    env = os.environ
+def _parser(env) -> argparse.ArgumentParser:
+    """The command line; defaults from the environment variables scripts/serve.sh documents."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  epilog="Arguments after -- go to tritonserver unchanged.")
     ap.add_argument("--model-repo", default=env.get("MODEL_REPO", str(REPO_ROOT / "model_repository")),
@@ -91,36 +91,17 @@ def main(argv=None) -> int:
                          "or instances=N) in a copy of the repository under build/; repeatable; also the "
                          "environment variable LLM_PARAMS (space-separated KEY=VALUE, --set wins)")
     ap.add_argument("extra", nargs="*", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    try:
-        args.model_repo = _overlay(args, env)
-    except ValueError as e:
-        say(f"launch_triton: {e}")
-        return 2
+    return ap
 
-    stop_signal: list[int] = []
 
-    def on_signal(signum, _frame):
-        stop_signal.append(signum)
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGHUP, on_signal)
-
-    try:
-        server = start_server(args.model_repo, args.http_port, args.grpc_port, args.metrics_port,
-                              model_dir=args.model_dir, log_path=args.log_file, backend_dir=args.backend_dir,
-                              extra_args=args.extra, exit_timeout=args.exit_timeout_secs,
-                              kill_after=args.kill_after, supervise=not args.no_supervise,
-                              log=say)
-    except ValueError as e:  # a bad setting (TRITON_RESTRICTED_APIS, TRITON_ADMIN_KEY, DRAIN_ACCEPT_S, ...)
-        say(f"launch_triton: {e}")
-        return 2
+def _start_frontend(args, server):
+    """Announce the started tritonserver and start the OpenAI frontend when asked: the frontend's
+    handle or None."""
     if not server.admin.apis:
         say("launch_triton: WARNING: TRITON_RESTRICTED_APIS=none: Triton's model-repository API is open to every "
             "client that reaches the HTTP / gRPC ports, and a model load can carry Python code (docs/security.md)")
     say(f"launch_triton: tritonserver pid {server.pid}, model repository {Path(args.model_repo).resolve()}, "
-            f"{MODEL_DIR_ENV}={Path(args.model_dir).resolve()}")
+        f"{MODEL_DIR_ENV}={Path(args.model_dir).resolve()}")
     frontend = None
     if args.openai_port and importlib.util.find_spec("fastapi") is None:
         say("launch_triton: OpenAI frontend not started: it needs Python >= 3.11 (fastapi, uvicorn; "
@@ -130,10 +111,14 @@ def main(argv=None) -> int:
                                   served_model_names=args.served_model_name, drain_grace=args.drain_grace,
                                   log=say)
         say(f"launch_triton: OpenAI frontend pid {frontend.pid} on {frontend.url}")
-    openai_note = f", openai {frontend.url}" if frontend is not None else ""
+    return frontend
 
+
+def _serve(args, server, frontend, stop_signal: list) -> bool | None:
+    """Wait for readiness (announced once), then keep the frontend alive until a stop signal or the
+    server's end. Returns whether readiness was reached, or None after --ready-timeout (all stopped)."""
+    openai_note = f", openai {frontend.url}" if frontend is not None else ""
     ready_reported = False
-    drained = None  # the drain's summary (paddle_llm_launcher/shutdown.py)
     # supervised and once ready: tritonserver may exit and be restarted by the supervisor meanwhile
     while not stop_signal and (server.running() or (server.supervisor is not None and ready_reported)):
         if not ready_reported:
@@ -141,7 +126,7 @@ def main(argv=None) -> int:
         if not ready_reported and server.is_ready():
             server.ready_after = time.monotonic() - server.started_at
             say(f"launch_triton: ready in {server.ready_after:.2f} s: http 127.0.0.1:{args.http_port}, "
-                  f"grpc 127.0.0.1:{args.grpc_port}, metrics 127.0.0.1:{args.metrics_port}{openai_note}")
+                f"grpc 127.0.0.1:{args.grpc_port}, metrics 127.0.0.1:{args.metrics_port}{openai_note}")
             ready_reported = True
             server.remember_stubs()
             if server.supervisor is not None:
@@ -152,14 +137,19 @@ def main(argv=None) -> int:
             server.stop()
             if frontend is not None:
                 frontend.stop(10)
-            return 1
+            return None
         if frontend is not None:
             frontend.poll_restart()
         time.sleep(0.1 if not ready_reported else 0.5)
+    return ready_reported
 
+
+def _stop(args, server, frontend, stop_signal: list, ready_reported: bool) -> int:
+    """Drain (on a stop signal, supervised and ready), stop both processes; the exit code."""
+    drained = None  # the drain's summary (paddle_llm_launcher/shutdown.py)
     if stop_signal:
         say(f"launch_triton: signal {signal.Signals(stop_signal[0]).name}, stopping tritonserver "
-                f"(watchdog {args.kill_after:.0f} s)")
+            f"(watchdog {args.kill_after:.0f} s)")
         if frontend is not None:
             frontend.terminate()  # drains beside Triton: its streams finish, new requests 503
         if server.supervisor is not None and ready_reported and server.running():
@@ -171,14 +161,51 @@ def main(argv=None) -> int:
     if server.killed:
         say("launch_triton: tritonserver did not exit in time: killed it and its stubs")
     say(f"launch_triton: tritonserver exited with code {code}")
+    if not ready_reported and not stop_signal:
+        where = args.log_file or "the output above"
+        say(f"launch_triton: tritonserver ended before it was ready: the reason is in its error lines "
+            f"(starting with E, e.g. a model that failed to load) in {where}")
     if stop_signal:  # asked to stop: success only if the server shut down by itself and lost nothing
         if clean_despite_exit_code(drained, code, server.killed):
             say(f"launch_triton: every request finished; tritonserver's exit code {code} only says it did not "
-                  f"unload {', '.join(drained['stuck'])} before its exit timeout (held inside Triton): exit 0")
+                f"unload {', '.join(drained['stuck'])} before its exit timeout (held inside Triton): exit 0")
             return 0
         return 0 if code == 0 and not server.killed else 1
     return code if code >= 0 else 128 - code
 
+
+def main(argv=None) -> int:
+    """Serve until a stop signal (see the module doc). Returns the process's exit code: 0 after a
+    clean drain, 1 when not ready within --ready-timeout or when requests were lost, 2 for a bad
+    setting, else tritonserver's own code."""
+    env = os.environ
+    args = _parser(env).parse_args(argv)
+    try:
+        args.model_repo = _overlay(args, env)
+    except ValueError as e:
+        say(f"launch_triton: {e}")
+        return 2
+
+    stop_signal: list[int] = []
+
+    def on_signal(signum, _frame):
+        stop_signal.append(signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    try:
+        server = start_server(args.model_repo, args.http_port, args.grpc_port, args.metrics_port,
+                              model_dir=args.model_dir, log_path=args.log_file, backend_dir=args.backend_dir,
+                              extra_args=args.extra, exit_timeout=args.exit_timeout_secs,
+                              kill_after=args.kill_after, supervise=not args.no_supervise, log=say)
+    except ValueError as e:  # a bad setting (TRITON_RESTRICTED_APIS, TRITON_ADMIN_KEY, DRAIN_ACCEPT_S, ...)
+        say(f"launch_triton: {e}")
+        return 2
+    frontend = _start_frontend(args, server)
+    ready_reported = _serve(args, server, frontend, stop_signal)
+    if ready_reported is None:
+        return 1
+    return _stop(args, server, frontend, stop_signal, ready_reported)
 
 if __name__ == "__main__":
     sys.exit(main())

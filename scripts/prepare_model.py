@@ -80,17 +80,10 @@ def build_tokenizer(reader):
     return tok, tokens
 
 
-def convert(out_dir: Path, gguf_path: Path) -> None:
+def hf_tensors(reader, n_head: int, n_kv: int) -> dict[str, np.ndarray]:
+    """Every GGUF tensor dequantized to float32 under its HF Llama name, q/k un-permuted back to HF's
+    rotary layout."""
     import gguf
-    from safetensors.numpy import save_file
-
-    reader = gguf.GGUFReader(str(gguf_path))
-    arch = field(reader, "general.architecture")
-    if arch != "llama":
-        raise ValueError(f"expected a llama-architecture GGUF, got {arch!r}")
-    n_head = int(field(reader, "llama.attention.head_count"))
-    n_kv = int(field(reader, "llama.attention.head_count_kv"))
-    hidden = int(field(reader, "llama.embedding_length"))
 
     tensors: dict[str, np.ndarray] = {}
     for t in reader.tensors:
@@ -111,13 +104,13 @@ def convert(out_dir: Path, gguf_path: Path) -> None:
             elif suffix == "attn_k.weight":
                 w = unpermute(w, n_kv)
         tensors[hf] = np.ascontiguousarray(w)
-    tied = "lm_head.weight" not in tensors
+    return tensors
 
-    bos = int(field(reader, "tokenizer.ggml.bos_token_id"))
+
+def hf_config(reader, tensors: dict[str, np.ndarray], n_head: int, n_kv: int, hidden: int) -> dict:
+    """HF config.json of the Llama checkpoint the GGUF holds (float32, tied when it has no output.weight)."""
     eos = int(field(reader, "tokenizer.ggml.eos_token_id"))
-    pad = int(field(reader, "tokenizer.ggml.padding_token_id", eos))
-    unk = int(field(reader, "tokenizer.ggml.unknown_token_id", 0))
-    config = {
+    return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "hidden_size": hidden,
@@ -130,15 +123,35 @@ def convert(out_dir: Path, gguf_path: Path) -> None:
         "rope_theta": float(field(reader, "llama.rope.freq_base")),
         "max_position_embeddings": int(field(reader, "llama.context_length")),
         "vocab_size": int(tensors["model.embed_tokens.weight"].shape[0]),
-        "tie_word_embeddings": tied,
+        "tie_word_embeddings": "lm_head.weight" not in tensors,
         "hidden_act": "silu",
         "attention_bias": False,
         "mlp_bias": False,
-        "bos_token_id": bos,
+        "bos_token_id": int(field(reader, "tokenizer.ggml.bos_token_id")),
         "eos_token_id": eos,
-        "pad_token_id": pad,
+        "pad_token_id": int(field(reader, "tokenizer.ggml.padding_token_id", eos)),
         "torch_dtype": "float32",
     }
+
+
+def convert(out_dir: Path, gguf_path: Path) -> None:
+    """The GGUF checkpoint as an HF folder in out_dir: model.safetensors, config.json, tokenizer.json,
+    tokenizer_config.json, generation_config.json, and the MARKER file last (a folder without it is
+    an interrupted conversion). Raises ValueError for a GGUF that is not a Llama."""
+    import gguf
+    from safetensors.numpy import save_file
+
+    reader = gguf.GGUFReader(str(gguf_path))
+    arch = field(reader, "general.architecture")
+    if arch != "llama":
+        raise ValueError(f"expected a llama-architecture GGUF, got {arch!r}")
+    n_head = int(field(reader, "llama.attention.head_count"))
+    n_kv = int(field(reader, "llama.attention.head_count_kv"))
+    hidden = int(field(reader, "llama.embedding_length"))
+    tensors = hf_tensors(reader, n_head, n_kv)
+    config = hf_config(reader, tensors, n_head, n_kv, hidden)
+    bos, eos, pad = config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]
+    unk = int(field(reader, "tokenizer.ggml.unknown_token_id", 0))
     tok, vocab = build_tokenizer(reader)
     tok_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",

@@ -89,6 +89,7 @@ def test_make_serve_launcher_killed_server_while_loading_exits_non_zero_and_clea
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode != 0, out
         assert "ready in" not in out, "the server was ready before the crash could be simulated\n" + out
+        assert "tritonserver ended before it was ready" in out, out  # the one line that says where to look
         for pid, region in stubs.items():
             assert not Path(region).exists(), f"{region} left in /dev/shm\n{out}"
             assert procs.proc_stat(pid) is None, f"stub {pid} still alive\n{out}"
