@@ -73,7 +73,7 @@ def shipped_parameters() -> dict[str, tuple[str, str]]:
     out = {}
     pat = re.compile(r'parameters\s*\{\s*key:\s*"([^"]+)"\s*value:\s*\{\s*string_value:\s*"([^"]*)"\s*\}\s*\}\s*(?:#\s*(.*))?$')
     for line in PBTXT.read_text().splitlines():
-        m = pat.search(line.strip())
+        m = pat.match(line.strip())  # a commented-out line lists a parameter, it does not set it
         if m:
             out[m.group(1)] = (m.group(2), (m.group(3) or "").strip())
     return out

@@ -58,8 +58,10 @@ def set_config_parameter(config_path: Path, key: str, value: str) -> None:
     if '"' in value or "\\" in value or "\n" in value:
         raise ValueError(f"{key}: a parameter value may not contain quotes, backslashes or newlines")
     text = Path(config_path).read_text()
-    pat = re.compile(r'parameters\s*\{\s*key:\s*"' + re.escape(key)
-                     + r'"\s*value:\s*\{\s*string_value:\s*"[^"]*"\s*\}\s*\}')
+    # only a parameter the file sets: the shipped config lists the others on commented-out lines, and
+    # a value written into such a comment would change nothing
+    pat = re.compile(r'^[ \t]*parameters\s*\{\s*key:\s*"' + re.escape(key)
+                     + r'"\s*value:\s*\{\s*string_value:\s*"[^"]*"\s*\}\s*\}', re.M)
     line = f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}'
     text = pat.sub(lambda _m: line, text) if pat.search(text) else text.rstrip("\n") + "\n" + line + "\n"
     Path(config_path).write_text(text)

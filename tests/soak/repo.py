@@ -40,7 +40,8 @@ class SoakRepo:
 
 def config_value(config: Path, key: str) -> str | None:
     """The string_value of parameter `key` in a config.pbtxt, None when it is not declared."""
-    m = re.search(r'key:\s*"' + re.escape(key) + r'"\s*value:\s*\{\s*string_value:\s*"([^"]*)"', config.read_text())
+    m = re.search(r'^[ \t]*parameters\s*\{\s*key:\s*"' + re.escape(key)
+                  + r'"\s*value:\s*\{\s*string_value:\s*"([^"]*)"', config.read_text(), re.M)
     return m.group(1) if m else None
 
 

@@ -88,3 +88,21 @@ def test_docstring_entries_parser():
     '''
     entries = gen.docstring_entries(doc)
     assert entries == {"alpha": "first line continued here.", "beta": "shared text.", "gamma": "shared text."}
+
+
+def test_the_shipped_config_lists_every_parameter_set_or_commented_out_at_its_default():
+    """A user reads every setting in the one file they would edit: each accepted parameter (but the
+    deprecated aliases and the test-only fault injection) is set in config.pbtxt or listed on a
+    commented-out line whose value is the documented default."""
+    from paddle_llm_engine.config import DEPRECATED_ALIASES
+
+    text = gen.PBTXT.read_text()
+    listed = dict(re.findall(r'^#\s*parameters\s*\{\s*key:\s*"([^"]+)"\s*value:\s*\{\s*string_value:\s*"([^"]*)"',
+                             text, re.M))
+    shipped = gen.shipped_parameters()
+    assert not set(listed) & set(shipped), "a parameter both set and listed"
+    missing = accepted_parameters() - set(listed) - set(shipped) - set(DEPRECATED_ALIASES) - {"fault_inject_after_steps"}
+    assert not missing, f"not in model_repository/llm/config.pbtxt: {sorted(missing)}"
+    defaults = {p.name: p.default.strip('"') for p in gen.parameters()}
+    wrong = {k: (v, defaults[k]) for k, v in listed.items() if v != defaults[k] and not (k == "device_id" and v == "")}
+    assert not wrong, f"listed value is not the default (listed, default): {wrong}"

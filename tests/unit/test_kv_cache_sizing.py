@@ -170,7 +170,7 @@ def test_shipped_config_pbtxt_parameters_are_all_known():
     from pathlib import Path
 
     text = (Path(__file__).resolve().parents[2] / "model_repository" / "llm" / "config.pbtxt").read_text()
-    params = dict(re.findall(r'key:\s*"(\w+)"\s*value:\s*\{\s*string_value:\s*"([^"]*)"', text))
+    params = dict(re.findall(r'^[ \t]*parameters\s*\{\s*key:\s*"(\w+)"\s*value:\s*\{\s*string_value:\s*"([^"]*)"', text, re.M))
     assert params["kv_cache_memory_fraction"] == "0"
     params["model_dir"] = "/m"
     cfg = engine_config_from_triton(_pbtxt(**params), {})

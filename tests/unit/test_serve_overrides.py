@@ -37,7 +37,8 @@ def test_unknown_keys_are_refused_naming_them():
 
 
 def _params(cfg: Path) -> dict[str, str]:
-    return dict(re.findall(r'parameters\s*\{\s*key:\s*"([^"]+)"\s*value:\s*\{\s*string_value:\s*"([^"]*)"', cfg.read_text()))
+    return dict(re.findall(r'^[ \t]*parameters\s*\{\s*key:\s*"([^"]+)"\s*value:\s*\{\s*string_value:\s*"([^"]*)"',
+                           cfg.read_text(), re.M))
 
 
 def test_the_copy_carries_the_overrides_and_the_shipped_files_stay_as_they_are(tmp_path):
@@ -60,3 +61,14 @@ def test_the_copy_carries_the_overrides_and_the_shipped_files_stay_as_they_are(t
 def test_a_value_that_would_break_the_config_text_is_refused(tmp_path):
     with pytest.raises(ValueError, match="may not contain quotes"):
         ov.overlay_repository(REPO, tmp_path / "repo", {"model_dir": 'x" } } parameters { key: "y'})
+
+
+def test_an_override_of_a_commented_out_parameter_is_set_not_written_into_the_comment(tmp_path):
+    """The shipped config lists most settings on commented-out lines; the override must add a real
+    parameter line (Triton ignores comments) and leave the listing as it was."""
+    shipped_text = (REPO / "llm" / "config.pbtxt").read_text()
+    assert re.search(r'^# parameters \{ key: "quantization"', shipped_text, re.M), "the premise: listed, not set"
+    dest = ov.overlay_repository(REPO, tmp_path / "repo", {"quantization": "wint8"})
+    text = (dest / "llm" / "config.pbtxt").read_text()
+    assert _params(dest / "llm" / "config.pbtxt")["quantization"] == "wint8"
+    assert re.search(r'^# parameters \{ key: "quantization" value: \{ string_value: "" \} \}', text, re.M)

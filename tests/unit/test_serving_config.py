@@ -191,7 +191,7 @@ def test_shipped_llm_config_parameters_are_all_accepted(monkeypatch):
     from pathlib import Path
 
     text = (Path(__file__).resolve().parents[2] / "model_repository" / "llm" / "config.pbtxt").read_text()
-    params = dict(re.findall(r'parameters\s*\{\s*key:\s*"([^"]+)"\s*value:\s*\{\s*string_value:\s*"([^"]*)"', text))
+    params = dict(re.findall(r'^[ \t]*parameters\s*\{\s*key:\s*"([^"]+)"\s*value:\s*\{\s*string_value:\s*"([^"]*)"', text, re.M))
     assert params, "no parameters found in the shipped llm config"
     monkeypatch.setenv(MODEL_DIR_ENV, "/models/env")
     cfg = engine_config_from_triton(model_config(params, [{"name": "llm_0", "count": 1}]), args())
