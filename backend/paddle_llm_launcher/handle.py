@@ -235,13 +235,58 @@ class TritonServer:
         self.stop()
 
 
-def _popen(launch, log_path: Path | None, mode: str) -> subprocess.Popen:
-    cmd, env = launch
-    out = open(log_path, mode) if log_path is not None else None
+# Triton's GPU build logs these at error level on every host without a CUDA driver (its CUDA memory
+# block manager stays off; nothing here uses it): a healthy CPU host should print no error line.
+BENIGN_ERROR_LINES = (b'"CudaDriverHelper has not been initialized."',)
+_BENIGN_NOTE = b" (an info line here: Triton logs it as an error on every host without a CUDA driver)"
+
+
+def relay_line(line: bytes) -> bytes:
+    """One line of tritonserver's output as the launcher passes it on: a known benign error line
+    (BENIGN_ERROR_LINES) becomes an info line saying why; every other line is unchanged."""
+    if line.startswith(b"E") and any(m in line for m in BENIGN_ERROR_LINES):
+        return b"I" + line[1:].rstrip(b"\n") + _BENIGN_NOTE + b"\n"
+    return line
+
+
+def _relay(src, write, close) -> None:
+    """Copy src (tritonserver's output pipe) line by line through relay_line() to write(bytes) until
+    every writer (the server and its stubs) is gone. Should the destination fail, the pipe is still
+    drained: a full pipe would block the server and its stubs."""
     try:
-        return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT if out else None,
-                                preexec_fn=procs.set_parent_death_signal, close_fds=True)
+        for line in iter(src.readline, b""):
+            write(relay_line(line))
+    except (OSError, ValueError):
+        for _ in iter(src.readline, b""):
+            pass
     finally:
-        if out is not None:
-            out.close()
+        src.close()
+        close()
+
+
+def _stdout_writer():
+    """(write, close) for the launcher's own stdout, binary when it has a buffer."""
+    buf = getattr(sys.stdout, "buffer", None)
+    if buf is not None:
+        return (lambda b: (buf.write(b), buf.flush())), (lambda: None)
+    return (lambda b: (sys.stdout.write(b.decode("utf-8", "replace")), sys.stdout.flush())), (lambda: None)
+
+
+def _popen(launch, log_path: Path | None, mode: str) -> subprocess.Popen:
+    """Start tritonserver with its stdout and stderr on one pipe, relayed line by line (relay_line)
+    to log_path (opened with `mode`) or to this process's stdout by a daemon thread."""
+    cmd, env = launch
+    if log_path is not None:
+        out = open(log_path, mode)
+        write, close = (lambda b: (out.write(b), out.flush())), out.close
+    else:
+        write, close = _stdout_writer()
+    try:
+        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, preexec_fn=procs.set_parent_death_signal, close_fds=True)
+    except BaseException:
+        close()
+        raise
+    threading.Thread(target=_relay, args=(proc.stdout, write, close), name="tritonserver-output",
+                     daemon=True).start()
+    return proc

@@ -39,6 +39,12 @@ def test_llm_params_turn_on_wint8_and_speculation_without_a_tracked_file_changin
     finally:
         s.stop()
     assert SHIPPED.read_bytes() == before
+    # a healthy start, a request and a drain print no error line (Triton's CUDA-driver line on a host
+    # without one is relayed as an info line by the launcher)
+    triton_log = s.server_log.read_text(errors="replace")
+    assert "successfully loaded 'llm'" in triton_log, triton_log[-2000:]
+    errors = [line for line in triton_log.splitlines() if line.startswith("E")]
+    assert not errors, errors
     assert subprocess.run(["git", "diff", "--quiet", "--", "model_repository"], cwd=REPO_ROOT).returncode == 0
 
 

@@ -72,3 +72,15 @@ def test_an_override_of_a_commented_out_parameter_is_set_not_written_into_the_co
     text = (dest / "llm" / "config.pbtxt").read_text()
     assert _params(dest / "llm" / "config.pbtxt")["quantization"] == "wint8"
     assert re.search(r'^# parameters \{ key: "quantization" value: \{ string_value: "" \} \}', text, re.M)
+
+
+def test_the_launcher_relays_tritons_cuda_driver_line_as_info_and_every_other_line_unchanged():
+    from paddle_llm_launcher.handle import relay_line
+
+    benign = b'E1205 12:42:27.562055 9061 server.cc:241] "CudaDriverHelper has not been initialized."\n'
+    got = relay_line(benign)
+    assert got.startswith(b'I1205 12:42:27.562055 9061 server.cc:241] "CudaDriverHelper has not been initialized."')
+    assert got.endswith(b"\n") and b"without a CUDA driver" in got
+    for line in (b"E1205 12:00:00.0 1 model_lifecycle.cc:1] \"failed to load 'llm'\"\n",
+                 b"I1205 12:00:00.0 1 server.cc:1] \"CudaDriverHelper has not been initialized.\"\n", b"plain\n"):
+        assert relay_line(line) == line
