@@ -59,7 +59,7 @@ W8A8_ISAS = ("avx512_vnni", "avx2_fma")
 # of x, llama.cpp's Q8_0 block. Measured on SmolLM2 (tests/model/test_wint8.py's prompts): one
 # scale per row moved the prefill logits 1.15 from the weight-only int8 path and kept 1 of 8 prompts
 # greedy-identical to fp32 over 24 tokens (the test needs 4); groups of 32: 0.38 and 4 of 8, the
-# weight-only path's own figures. Groups of 32 run the lane paths of csrc/gemv_w8a8.cc.
+# weight-only path's own figures. Groups of 32 run the lane paths of csrc/gemv_w8a8_tiles.cc.
 W8A8_GROUP = 32
 
 # Batches up to this size use our GEMV in `linear`; larger ones (prefill) use paddle.matmul on the

@@ -64,7 +64,7 @@ def gemv_w8a8(x: paddle.Tensor, q: paddle.Tensor, scale: paddle.Tensor, bias: pa
     [N] fp32 or None; group: input channels per activation scale, 0 (or >= K) = one per row, else a
     multiple of 32 (at most 65536). Returns [B, N] fp32. The int32 sums are exact on every isa
     ("avx512_vnni": vpdpbusd; "avx2_fma": vpmaddubsw on |q| and sign(q) * xq; "generic": C++ int
-    loops; see csrc/gemv_w8a8.cc); the result is the formula above summed in group order, bit for
+    loops; see csrc/gemv_w8a8_tiles.cc); the result is the formula above summed in group order, bit for
     bit, except that groups of 32 on the vector isas sum their lanes in fp32 (within 2e-6 of it
     relative to the largest output; the unit tests model both). Error against gemv_int8 (fp32 activations):
     at most sum_k |x - xq * xs| |q| scale <= (xs / 2) * sum_k |q[n, k]| * scale[n] per output.

@@ -25,7 +25,7 @@ namespace plk {
 namespace {
 
 constexpr int kSub = 64;        // positions per online-softmax step
-constexpr int kMaxGroup = 16;   // query heads per KV head (checked in ops.cc)
+constexpr int kMaxGroup = 16;   // query heads per KV head (checked in ops_attention.cc)
 
 struct Task {
   int32_t b, g, p0, p1;  // positions [p0, p1) of sequence b, KV head g

@@ -1,9 +1,11 @@
 // Shared helpers of the CPU decode kernels. This header (and the kernel .cc files) include no
-// Paddle header: only ops.cc does, so the kernels compile in about a second each.
+// Paddle header: only the op registrations (ops_*.cc) do, so the kernels compile in about a second
+// each.
 //
 // ISA: every AVX2 function carries PLK_AVX2 (GCC's target attribute), so the shared library is
 // built for plain x86-64 and runs anywhere; an AVX2 function is entered only when the caller asked
-// for Isa::kAvx2Fma, and ops.cc refuses that request on a CPU without AVX2+FMA (cpu_has_avx2_fma).
+// for Isa::kAvx2Fma, and the ops refuse that request on a CPU without AVX2+FMA (parse_isa in
+// ops_common.h, cpu_has_avx2_fma).
 #pragma once
 
 #include <cstddef>
@@ -13,8 +15,8 @@
 
 namespace plk {
 
-// kAvx512Vnni: the int8 x int8 GEMV (gemv_w8a8.cc) runs AVX-512 VNNI code; every other op runs its
-// AVX2+FMA code (kernels test `isa != Isa::kGeneric` for their AVX2 path).
+// kAvx512Vnni: the int8 x int8 GEMV (gemv_w8a8_tiles.cc) runs AVX-512 VNNI code; every other op runs
+// its AVX2+FMA code (kernels test `isa != Isa::kGeneric` for their AVX2 path).
 enum class Isa : int { kGeneric = 0, kAvx2Fma = 1, kAvx512Vnni = 2 };
 
 // True when the CPU and the OS (XSAVE state) support AVX2 and FMA (GCC's __builtin_cpu_supports).

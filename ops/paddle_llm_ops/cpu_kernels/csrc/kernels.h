@@ -1,5 +1,5 @@
 // Plain C++ entry points of the kernels (no Paddle types). Shapes are row-major and contiguous;
-// ops.cc checks shapes, dtypes and index bounds before calling these.
+// the op registrations (ops_*.cc) check shapes, dtypes and index bounds before calling these.
 #pragma once
 
 #include <cstdint>
@@ -16,8 +16,9 @@ void gemv_f32(Isa isa, const float* x, const float* w, const float* bias, float*
 // y [B, N] = (x [B, K] . q [N, K]^T) * scale [N] (+ bias [N]).
 void gemv_int8(Isa isa, const float* x, const int8_t* q, const float* scale, const float* bias, float* y,
                int64_t B, int64_t N, int64_t K);
-// int8 activations x int8 weights (gemv_w8a8.cc): x [B, K] fp32 is quantized per row and group of
-// G input channels (G = K: per row), y [B, N] = sum_g xs[b, g] * acc[b, n, g] * scale[n] (+ bias).
+// int8 activations x int8 weights (gemv_w8a8.cc, kernels in gemv_w8a8_tiles.cc): x [B, K] fp32 is
+// quantized per row and group of G input channels (G = K: per row),
+// y [B, N] = sum_g xs[b, g] * acc[b, n, g] * scale[n] (+ bias).
 void gemv_w8a8(Isa isa, const float* x, const int8_t* q, const float* scale, const float* bias, float* y, int64_t B,
                int64_t N, int64_t K, int64_t G);
 // acc [B, N, ceil(K / G)] int32: the exact group sums of xq [B, K] int8 times q [N, K] int8.

@@ -57,7 +57,7 @@ void tokens(void* ctx, int64_t t0, int64_t t1) {
   const Ctx& c = *static_cast<const Ctx*>(ctx);
   const RotaryKvArgs& a = *c.a;
   const int64_t d = a.d, W = (a.nh + 2 * a.kvh) * d;
-  float normed[1024];  // d <= 1024 (checked in ops.cc)
+  float normed[1024];  // d <= 1024 (checked in ops_attention.cc)
   auto rope = [&](const float* x, const float* cs, const float* sn, float* out) {
     if (c.avx)
       rope_avx2(x, cs, sn, d, out);

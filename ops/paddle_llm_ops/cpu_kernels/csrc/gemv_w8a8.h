@@ -1,0 +1,28 @@
+// What the two files of the int8 x int8 GEMV share: the per-call context that gemv_w8a8.cc (the
+// activation quantization and the entry points) fills and hands to the tile kernels of
+// gemv_w8a8_tiles.cc, and the one call between them. Internal to those two files.
+#pragma once
+
+#include <cstdint>
+
+#include "common.h"
+
+namespace plk {
+
+struct W8A8Ctx {
+  const int8_t* xq;   // [B, Kp] quantized activations, zero-padded (generic / AVX2)
+  const uint8_t* xu;  // [B, Kp] xq + 128 (VNNI); padding 128 meets zero weights
+  const float* xs;    // [B, groups]
+  const int8_t* q;    // [N, K]
+  const float* scale;  // [N] or null (accumulator output)
+  const float* bias;   // [N] or null
+  float* y;            // [B, N] (float output)
+  int32_t* acc_out;    // [B, N, groups] (accumulator output) or null
+  const float* xsl;    // [B, Kp / 4]: xs of the group of k = 4 j, 0 past K (VNNI lane path, G = 32)
+  int64_t B, N, K, Kp, G, groups;  // Kp: the padded row stride of xq / xu (kPad in gemv_w8a8.cc)
+};
+
+// Runs the tile kernels of `isa` over the N output rows (threaded): y, or acc_out when set.
+void w8a8_run(Isa isa, W8A8Ctx& c);
+
+}  // namespace plk
