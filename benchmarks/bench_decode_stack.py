@@ -23,6 +23,8 @@ import os
 import sys
 from pathlib import Path
 
+from comparison import measure as cmp  # noqa: I001 (this folder, run as a script)
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -35,7 +37,6 @@ def _load(name: str):
 
 def main(argv=None) -> int:
     be = _load("bench_engine")
-    cmp = _load("compare")
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model-dir", type=Path, default=REPO_ROOT / "build" / "SmolLM2-135M-Instruct")
     ap.add_argument("--batches", type=be.parse_batches, default=[1, 8, 32])
@@ -89,6 +90,14 @@ def main(argv=None) -> int:
         print(f"batch {b}: stack {row['stack']['decode_tok_s']:.1f} tok/s, op-by-op "
               f"{row['op-by-op']['decode_tok_s']:.1f} tok/s", file=sys.stderr, flush=True)
 
+    print_results(args, bw, weight_bytes, results)
+    if args.json:
+        args.json.write_text(json.dumps({"bandwidth": bw, "weight_bytes": weight_bytes, "results": results}, indent=1))
+    return 0
+
+
+def print_results(args, bw: dict, weight_bytes: float, results: list[dict]) -> None:
+    """The table (decode tok/s, step ms, stack / op-by-op) and batch 1's share of the bandwidth limit."""
     limit = bw["bytes_per_s"] / weight_bytes
     print(f"host: {cmp.host_info(args.threads).get('cpu', '?')}; read bandwidth {bw['bytes_per_s'] / 1e9:.1f} GB/s "
           f"(this command); weights read per step {weight_bytes / 1e6:.0f} MB ({args.quantization or 'fp32'}) "
@@ -103,9 +112,6 @@ def main(argv=None) -> int:
     if one:
         print(f"batch 1: stack at {100 * one['stack']['decode_tok_s'] / limit:.0f}% of the bandwidth limit, "
               f"op-by-op at {100 * one['op-by-op']['decode_tok_s'] / limit:.0f}%")
-    if args.json:
-        args.json.write_text(json.dumps({"bandwidth": bw, "weight_bytes": weight_bytes, "results": results}, indent=1))
-    return 0
 
 
 if __name__ == "__main__":

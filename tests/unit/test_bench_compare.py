@@ -1,5 +1,6 @@
-"""The pure parts of benchmarks/compare.py's tooling: the GGUF q/k permutation, tensor names, and the
-load statistics every system is measured with (client_examples/load_generator.summarize_records)."""
+"""The pure parts of benchmarks/compare.py's tooling: the GGUF q/k permutation, tensor names, the
+load statistics every system is measured with (client_examples/load_stats.summarize_records) and the
+report (benchmarks/comparison/report.build_report)."""
 
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ def gguf_export():
 
 
 @pytest.fixture(scope="module")
-def load_generator():
-    return _load("load_generator", REPO_ROOT / "client_examples" / "load_generator.py")
+def load_stats():
+    return _load("load_stats", REPO_ROOT / "client_examples" / "load_stats.py")
 
 
 @pytest.mark.parametrize("n_head, head_dim, cols", [(9, 64, 7), (3, 64, 5), (4, 8, 1)])
@@ -59,14 +60,14 @@ def _rec(lg, index, sent, times, tokens=None):
     return r
 
 
-def test_decode_window_is_the_union_of_decode_intervals(load_generator):
-    lg = load_generator
+def test_decode_window_is_the_union_of_decode_intervals(load_stats):
+    lg = load_stats
     recs = [_rec(lg, 0, 0.0, [1.0, 2.0, 3.0]), _rec(lg, 1, 0.0, [2.5, 4.0]), _rec(lg, 2, 5.0, [6.0, 7.0])]
     assert lg.decode_window(recs) == pytest.approx((4.0 - 1.0) + (7.0 - 6.0))
 
 
-def test_summarize_records_counts_tokens_after_the_first(load_generator):
-    lg = load_generator
+def test_summarize_records_counts_tokens_after_the_first(load_stats):
+    lg = load_stats
     # two requests in one static batch: first token at 1.0, then one token every 0.5 s
     times = [1.0, 1.5, 2.0, 2.5]
     recs = [_rec(lg, 0, 0.0, list(times)), _rec(lg, 1, 0.0, list(times))]
@@ -79,16 +80,17 @@ def test_summarize_records_counts_tokens_after_the_first(load_generator):
     assert s["requests_done"] == 2 and s["requests_failed"] == 0
 
 
-def test_summarize_records_spreads_a_multi_token_response_over_its_tokens(load_generator):
-    lg = load_generator
+def test_summarize_records_spreads_a_multi_token_response_over_its_tokens(load_stats):
+    lg = load_stats
     r = _rec(lg, 0, 0.0, [1.0, 2.0], tokens=[1, 4])
     s = lg.summarize_records([r], 0.0, 2.0, prompt_tokens=False)
     assert s["itl_s"]["count"] == 4 and s["itl_s"]["p50"] == pytest.approx(0.25)
     assert s["decode_tokens_per_s"] == pytest.approx(4.0)
 
 
-def test_build_report_names_the_host_and_the_ratios():
-    compare = _load("compare", REPO_ROOT / "benchmarks" / "compare.py")
+def test_build_report_names_the_host_and_the_ratios(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO_ROOT / "benchmarks"))  # the package comparison/ lives there
+    report = importlib.import_module("comparison.report")
     lv = lambda d: {"decode_tokens_per_s": d, "output_tokens_per_s": d, "of_limit": d / 50,  # noqa: E731
                     "ttft_s": {"p50": 0.1, "p90": 0.2, "p99": 0.3}, "itl_s": {"p50": 0.01, "p90": 0.02, "p99": 0.03},
                     "requests_done": 1, "requests_cut_at_time_cap": 0, "requests_failed": 0}
@@ -102,7 +104,7 @@ def test_build_report_names_the_host_and_the_ratios():
                     "llm": {"info": "x", "levels": {1: lv(9.0), 8: lv(36.0)}},
                     "llamacpp-f32": {"info": "x", "levels": {1: lv(20.0), 8: lv(80.0)}}},
     }
-    text, md = compare.build_report(summary)
+    text, md = report.build_report(summary)
     assert "Test CPU 9000 (avx2, fma)" in text and "Test CPU 9000" in md
     assert "NOT RUN: no ref venv" in text
     assert "0.50x" in text and "0.90x" in text  # offline / llama.cpp, llm / offline
