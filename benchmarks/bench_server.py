@@ -86,7 +86,7 @@ def print_report(s: dict) -> None:
           f"{base.get('token_count_method')}")
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=("llm", "ensemble"), default="llm")
     ap.add_argument("--model-dir", type=Path, default=REPO_ROOT / "build" / "SmolLM2-135M-Instruct")
@@ -103,6 +103,11 @@ def main(argv=None) -> int:
     ap.add_argument("--server-log", type=Path, default=REPO_ROOT / "build" / "bench-logs" / "tritonserver.log")
     ap.add_argument("--no-server-metrics", action="store_true", help="skip the llm_* metrics table at the end")
     ap.add_argument("--json", action="store_true", help="print a JSON summary instead of the tables")
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = _parser()
     args = ap.parse_args(argv)
     levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
     if not levels or min(levels) < 1 or args.requests_per_stream < 1:
