@@ -22,9 +22,7 @@ from pathlib import Path
 import pytest
 
 import paddle_llm_launcher as launcher
-
-sys.path.insert(0, str(Path(__file__).resolve().parent / "e2e"))
-from repo_edit import copy_repository  # noqa: E402
+from repo_edit import copy_repository  # tests/support (pyproject's pytest pythonpath)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MODEL_REPO = REPO_ROOT / "model_repository"
@@ -157,11 +155,10 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_collection_finish(session):
-    """When aiperf's tests are selected, begin installing its venv now (tests/openai/perf_venv.py), so
+    """When aiperf's tests are selected, begin installing its venv now (tests/support/perf_venv.py), so
     that its 1-2 minutes of pip overlap the tests that run before them."""
     if any(item.nodeid.startswith("tests/openai/test_third_party_clients.py") and "aiperf" in item.nodeid
            for item in session.items):
-        sys.path.insert(0, str(REPO_ROOT / "tests" / "openai"))
         import perf_venv
 
         perf_venv.start()

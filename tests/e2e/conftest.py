@@ -6,16 +6,11 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:  # `import clients` under any pytest import mode
-    sys.path.insert(0, str(HERE))
-
 LLM_CONFIG = REPO / "model_repository" / "llm" / "config.pbtxt"
 
 

@@ -188,7 +188,7 @@ def test_ensemble_grpc_cancel_frees_kv_blocks(triton_server, capsys):
 
 _CLIENT_SCRIPT = """
 import sys, time
-sys.path.insert(0, sys.argv[2])
+sys.path.insert(0, sys.argv[2])  # tests/support: a `python -c` child does not get pytest's pythonpath
 from clients import GrpcStream, ensemble_inputs
 s = GrpcStream(sys.argv[1], "ensemble", ensemble_inputs("Once upon a time", max_tokens=200, min_tokens=200,
                                                          temperature=0.0, stream=True))
@@ -208,8 +208,9 @@ def test_ensemble_grpc_client_killed_frees_kv_blocks(triton_server, capsys):
 
     url, murl = triton_server.grpc_url, triton_server.metrics_url
     before = _idle_counters(murl)
-    proc = subprocess.Popen([sys.executable, "-c", _CLIENT_SCRIPT, url, str(Path(__file__).parent)],
-                            stdout=subprocess.PIPE, text=True)
+    support = Path(__file__).resolve().parents[1] / "support"
+    proc = subprocess.Popen([sys.executable, "-c", _CLIENT_SCRIPT, url, str(support)], stdout=subprocess.PIPE,
+                            text=True)
     try:
         assert proc.stdout.readline().strip() == "streaming"
         _wait_running(murl)

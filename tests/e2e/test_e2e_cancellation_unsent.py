@@ -86,7 +86,7 @@ def test_ensemble_grpc_non_streamed_cancel_before_any_response(triton_server, ca
 
 _CLIENT = """
 import sys, time
-sys.path.insert(0, sys.argv[2])
+sys.path.insert(0, sys.argv[2])  # tests/support: a `python -c` child does not get pytest's pythonpath
 from clients import GrpcStream, ensemble_inputs, llm_inputs
 inputs = (llm_inputs("Once upon a time", False, {"temperature": "0", "max_tokens": "200", "ignore_eos": "true"})
           if sys.argv[3] == "llm" else
@@ -102,7 +102,8 @@ def test_grpc_client_killed_during_a_non_streamed_request(triton_server, capsys,
     """The client process dies while its non-streamed request generates (no cancel, the connection goes)."""
     murl = triton_server.metrics_url
     aborts = _idle(murl)
-    proc = subprocess.Popen([sys.executable, "-c", _CLIENT, triton_server.grpc_url, str(Path(__file__).parent), model],
+    proc = subprocess.Popen([sys.executable, "-c", _CLIENT, triton_server.grpc_url,
+                             str(Path(__file__).resolve().parents[1] / "support"), model],
                             stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "sent"

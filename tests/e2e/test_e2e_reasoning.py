@@ -1,5 +1,5 @@
 """Thinking models through the real tritonserver: a server of its own on the tiny random Qwen3
-thinking checkpoint (tests/reference/thinking_checkpoints.py; reasoning_parser auto picks qwen3).
+thinking checkpoint (tests/support/thinking_checkpoints.py; reasoning_parser auto picks qwen3).
 
 `llm`: the raw text by default (the vLLM backend has no reasoning output); return_reasoning splits it
 into text_output (the answer) and reasoning_output (the thinking), streamed and not; the budget under
@@ -13,8 +13,6 @@ itself here: `</think>` is a bad word / biased out, so only the budget ends it."
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import requests
@@ -22,11 +20,9 @@ import requests
 from clients import decode_str, ensemble_stream, llm_stream, scrape_metrics
 from metrics_util import llm_value
 from repo_edit import copy_repository, set_config_parameter
+from thinking_checkpoints import make_thinking_checkpoint
 
 import paddle_llm_launcher as launcher
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reference"))
-from thinking_checkpoints import make_thinking_checkpoint  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 

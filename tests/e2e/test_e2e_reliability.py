@@ -23,7 +23,6 @@ import json
 import os
 import re
 import signal
-import sys
 import time
 from pathlib import Path
 
@@ -32,11 +31,9 @@ import pytest
 from clients import GrpcStream, ensemble_inputs, llm_inputs, llm_stream, run_concurrently, scrape_metrics
 from repo_edit import copy_repository, set_config_parameter
 from supervised import SupervisedServer
+from tiny_model import make_tiny_llama
 
 pytestmark = pytest.mark.e2e
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from tiny_model import make_tiny_llama  # noqa: E402
 
 FAULT_AFTER_STEPS = 400
 LONG = {"temperature": "0", "max_tokens": "300", "ignore_eos": "true"}

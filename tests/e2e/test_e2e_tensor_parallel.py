@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 
@@ -16,11 +15,9 @@ import pytest
 
 from clients import GrpcStream, llm_inputs, llm_stream, run_concurrently
 from repo_edit import set_config_parameter
+from tiny_model import make_tiny_llama
 
 pytestmark = pytest.mark.e2e
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from tiny_model import make_tiny_llama  # noqa: E402
 
 PROMPTS = ["Count to five:", "The capital of France is", "Name three colours.", "Once upon a time"]
 GREEDY = {"temperature": "0", "max_tokens": "12", "ignore_eos": "true"}

@@ -4,7 +4,7 @@ no bf16/fp16 numerics, no speed, no real memory behaviour.
 
 Session fixtures build the plug-in (cached by source hash under build/gcu_standin/), write the
 stand-in `paddle-custom-gcu` package, and make the tiny random Llama of the unit tests. `child` is
-gcu_helpers.run_child: everything that loads the plug-in runs in a child process with a hard timeout
+tests/support/gcu_helpers.run_child: everything that loads the plug-in runs in a child process with a hard timeout
 (loaded into the pytest process, gcu:0 would become Paddle's default device for every later test).
 """
 
@@ -18,14 +18,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-HERE = Path(__file__).resolve().parent
-for _p in (REPO / "tests" / "unit", REPO / "tests" / "e2e", HERE):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
 if importlib.util.find_spec("paddle_llm_engine") is None:  # not pip-installed: use the source tree
     sys.path[:0] = [str(REPO / "backend"), str(REPO / "ops")]
 
-from gcu_helpers import run_child, standin_build  # noqa: E402
+from gcu_helpers import run_child, standin_build  # noqa: E402  (tests/support)
 
 SMOLLM2_DIR = Path(os.environ.get("PADDLE_LLM_MODEL_DIR", REPO / "build" / "SmolLM2-135M-Instruct"))
 

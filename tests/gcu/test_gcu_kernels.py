@@ -45,7 +45,7 @@ CHILD = HERE / "gcu_kernels_child.py"
 MARK = "GCU_CHILD_RESULT "
 TIMEOUT_S = 420.0
 GCU_KERNELS = ("gcu_attention", "gcu_rotary", "gcu_rms_norm")
-REF_DIR = REPO / "tests" / "reference"
+REF_DIR = REPO / "tests" / "reference"  # fixtures/
 
 
 def run(spec: dict, plugin_dir: Path | None, package_dir: Path | None, env: dict | None = None) -> tuple[dict, str]:
@@ -172,7 +172,6 @@ def test_broken_plugin_turns_its_kernels_off_with_the_reason_and_keeps_cpu_token
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "ernie4_5_moe"])
 def test_moe_through_the_fused_trio_gives_hf_tokens(family, standin_plugin_dir, standin_package, tmp_path):
-    sys.path.insert(0, str(REF_DIR))
     import tiny_checkpoints as tc
 
     ref = np.load(REF_DIR / "fixtures" / f"tiny_{family}.npz")

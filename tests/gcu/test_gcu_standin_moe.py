@@ -6,18 +6,14 @@ registers is tested in test_gcu_kernels.py."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 
+import tiny_checkpoints as tc
 from gcu_helpers import engine_kwargs
 
-REF_DIR = Path(__file__).resolve().parents[1] / "reference"
-if str(REF_DIR) not in sys.path:
-    sys.path.insert(0, str(REF_DIR))
-
-import tiny_checkpoints as tc  # noqa: E402
+REF_DIR = Path(__file__).resolve().parents[1] / "reference"  # fixtures/
 
 
 def test_moe_on_gcu_runs_the_composed_experts_and_gives_hf_tokens(child, standin_plugin_dir, standin_package,

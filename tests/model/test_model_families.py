@@ -5,7 +5,7 @@ mixture-of-experts families Qwen3-MoE, Qwen2-MoE (shared expert with its gate) a
 (routing bias, shared experts; and one with moe_layer_interval 2, k=3, no bias), dense and MoE
 layers mixed (test_moe_families.py has the MoE-only checks).
 
-The checkpoints are not committed: tests/reference/tiny_checkpoints.py regenerates each one with
+The checkpoints are not committed: tests/support/tiny_checkpoints.py regenerates each one with
 numpy into tmp_path, and its tensors' sha256 must equal the one recorded when the fixture was made
 (tests/reference/fixtures/tiny_<family>.json), so a changed generator asks for new fixtures instead
 of failing obscurely. Fixtures: tests/reference/make_tiny_references.py in the reference venv.
@@ -38,7 +38,6 @@ that encodes the header differently does not invalidate the fixtures.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -46,11 +45,9 @@ import pytest
 
 from paddle_llm_engine import EngineConfig, LLMEngine, SamplingParams
 
-REF_DIR = Path(__file__).resolve().parents[1] / "reference"
-if str(REF_DIR) not in sys.path:
-    sys.path.insert(0, str(REF_DIR))
+import tiny_checkpoints as tc
 
-import tiny_checkpoints as tc  # noqa: E402
+REF_DIR = Path(__file__).resolve().parents[1] / "reference"  # fixtures/
 
 LOGIT_ATOL = 1e-3
 BLOCK = 16

@@ -1,4 +1,4 @@
-"""Speculative decoding on every model family's tiny checkpoint (tests/reference/tiny_checkpoints.py):
+"""Speculative decoding on every model family's tiny checkpoint (tests/support/tiny_checkpoints.py):
 the greedy tokens with speculation equal HF transformers' recorded ones (the fixtures of
 test_model_families.py), with the real n-gram proposer (prompt_lookup_min 1: the 512-token vocabulary
 makes matches common) and with an oracle proposer (HF's continuation with one token corrupted at a
@@ -7,22 +7,12 @@ tensor-parallel (TP=2) run equal to HF's too."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
 from paddle_llm_engine import EngineConfig, LLMEngine, SamplingParams
 
-REF_DIR = Path(__file__).resolve().parents[1] / "reference"
-if str(REF_DIR) not in sys.path:
-    sys.path.insert(0, str(REF_DIR))
-MODEL_DIR = Path(__file__).resolve().parent
-if str(MODEL_DIR) not in sys.path:
-    sys.path.insert(0, str(MODEL_DIR))
-
-import tiny_checkpoints as tc  # noqa: E402
-from test_model_families import load_fixture  # noqa: E402
+import tiny_checkpoints as tc
+from test_model_families import load_fixture
 
 K = 4
 

@@ -1,5 +1,5 @@
 """Structured outputs on the default model (SmolLM2-135M-Instruct) through the engine's offline API:
-the 20 JSON schemas of tests/structured_cases.py (nested objects, arrays, enums, optional keys,
+the 20 JSON schemas of tests/support/structured_cases.py (nested objects, arrays, enums, optional keys,
 numbers, integer ranges, booleans, nullable, formats, patterns, anyOf, allOf, $ref), each asked as
 a user would, greedy and at temperature 1 with seeds 1-5, max_tokens 200, all in one batch (about
 2-3 minutes on 2 cores). The guides come from the `llm` contract (sampling_parameters

@@ -1,6 +1,6 @@
 """Tensor parallel on CPU (gloo): TP=2 gives TP=1's greedy tokens, logits within 1e-4.
 
-Checkpoints: tests/reference/tiny_checkpoints.py's llama_untied (q/k/v/o and MLP biases: the
+Checkpoints: tests/support/tiny_checkpoints.py's llama_untied (q/k/v/o and MLP biases: the
 row-parallel biases are added once; untied lm head; llama3 rope), llama_tied turned into
 multi-query attention (1 KV head: replicated on both ranks; tied vocab-parallel embedding / lm
 head), qwen2_moe (routed experts split along their intermediate dim, gated shared expert) and
@@ -17,7 +17,6 @@ Measured max |logits TP=2 - TP=1| over all rows (logits O(10-40)), 2-core dev ho
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,11 +24,7 @@ import pytest
 
 from paddle_llm_engine import EngineConfig, LLMEngine, SamplingParams
 
-REF_DIR = Path(__file__).resolve().parents[1] / "reference"
-if str(REF_DIR) not in sys.path:
-    sys.path.insert(0, str(REF_DIR))
-
-import tiny_checkpoints as tc  # noqa: E402
+import tiny_checkpoints as tc
 
 ATOL = 1e-4
 ERNIE_MOE_ATOL = 3e-4

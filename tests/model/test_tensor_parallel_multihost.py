@@ -22,18 +22,13 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from paddle_llm_engine import EngineConfig, LLMEngine, SamplingParams
 from paddle_llm_engine.executor import WorkerFailure
 
-REF_DIR = Path(__file__).resolve().parents[1] / "reference"
-if str(REF_DIR) not in sys.path:
-    sys.path.insert(0, str(REF_DIR))
-
-import tiny_checkpoints as tc  # noqa: E402
+import tiny_checkpoints as tc
 
 TOKEN = "multihost-test-token-0123456789"
 NEW_TOKENS = 8

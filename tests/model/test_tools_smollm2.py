@@ -2,7 +2,7 @@
 prompt and the guide exactly as the OpenAI frontend builds them (chat_template.ChatRenderer, whose
 plain ChatML template gets the tools described in the Hermes `<tool_call>` format;
 tools.guide_for; the `llm` contract's sampling_parameters): the 10 tool sets of
-tests/structured_cases.py, each with tool_choice "required", named (the set's first tool) and
+tests/support/structured_cases.py, each with tool_choice "required", named (the set's first tool) and
 "auto", max_tokens 128, in one batch (about 40 s on 2 cores).
 
 Every call the model makes is parsed by the family's parser and its arguments validate with

@@ -20,7 +20,6 @@ import http.client
 import json
 import re
 import socket
-import sys
 import time
 from pathlib import Path
 from urllib.parse import urlparse
@@ -28,9 +27,8 @@ from urllib.parse import urlparse
 import pytest
 import requests
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from clients import scrape_metrics  # noqa: E402
-from metrics_util import llm_value, wait_for  # noqa: E402
+from clients import scrape_metrics
+from metrics_util import llm_value, wait_for
 
 pytestmark = pytest.mark.e2e
 

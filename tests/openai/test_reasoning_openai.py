@@ -1,5 +1,5 @@
 """Thinking models through the official `openai` SDK: tritonserver on the tiny random Qwen3 thinking
-checkpoint (tests/reference/thinking_checkpoints.py) and the OpenAI frontend in front of it, both
+checkpoint (tests/support/thinking_checkpoints.py) and the OpenAI frontend in front of it, both
 started by this module.
 
 Checked: message.reasoning and message.reasoning_content (both names) hold the thinking, content the
@@ -13,21 +13,15 @@ call parsed from the answer after the thinking; n = 2."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
 import paddle_llm_launcher as launcher
 from paddle_llm_launcher.frontend import OpenAIFrontend, frontend_command
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "reference"))
-sys.path.insert(0, str(ROOT / "e2e"))
-sys.path.insert(0, str(ROOT / "unit"))
-from clients import llm_stream  # noqa: E402
-from test_reasoning_parsers import reference_split  # noqa: E402
-from thinking_checkpoints import make_thinking_checkpoint  # noqa: E402
+from clients import llm_stream
+from reasoning_reference import reference_split
+from thinking_checkpoints import make_thinking_checkpoint
 
 pytestmark = pytest.mark.e2e
 THINK_END = 260  # "</think>" in the tiny Qwen3 tokenizer
@@ -40,7 +34,6 @@ MESSAGES = [{"role": "user", "content": "What is 2+2? Think first."}]
 def stack(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("reasoning_openai")
     model_dir = make_thinking_checkpoint("qwen3", tmp / "qwen3-tiny-thinking")
-    sys.path.insert(0, str(ROOT / "e2e"))
     from repo_edit import copy_repository, set_config_parameter
 
     def edit(repo):

@@ -9,19 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reference"))
-from thinking_checkpoints import make_thinking_checkpoint  # noqa: E402
+from thinking_checkpoints import make_thinking_checkpoint
 
-from paddle_llm_openai import chat  # noqa: E402
-from paddle_llm_openai.chat_template import ChatRenderer  # noqa: E402
-from paddle_llm_openai.errors import OpenAIError  # noqa: E402
-from paddle_llm_openai.protocol import ChatCompletionRequest  # noqa: E402
-from paddle_llm_openai.triton_client import Piece  # noqa: E402
+from paddle_llm_openai import chat
+from paddle_llm_openai.chat_template import ChatRenderer
+from paddle_llm_openai.errors import OpenAIError
+from paddle_llm_openai.protocol import ChatCompletionRequest
+from paddle_llm_openai.triton_client import Piece
 
 CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
 TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]

@@ -1,7 +1,7 @@
 """Structured outputs and strict tool calls end to end: the official `openai` SDK -> the frontend ->
 Triton's `llm` (tests/openai/conftest.py), on the default SmolLM2-135M-Instruct, as the issue's user
 sent them. Answers validate with `jsonschema` against the schema made strict
-(tests/structured_cases.py). A subset of the engine-level tests (tests/model/test_structured_smollm2.py,
+(tests/support/structured_cases.py). A subset of the engine-level tests (tests/model/test_structured_smollm2.py,
 test_tools_smollm2.py), requests sent concurrently; about a minute of requests.
 """
 

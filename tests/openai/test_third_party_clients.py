@@ -31,16 +31,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from metrics_util import is_idle, llm_value, wait_for  # noqa: E402
-
-import perf_venv  # noqa: E402  (tests/openai, beside this file)
+import perf_venv
+from metrics_util import is_idle, llm_value, wait_for
 
 pytestmark = pytest.mark.e2e
 

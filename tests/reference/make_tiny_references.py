@@ -4,11 +4,11 @@ Run with the reference venv (torch CPU + transformers, NOT the Paddle venv):
 
     <ref-venv>/bin/python tests/reference/make_tiny_references.py [--family NAME ...] [--out-dir DIR]
 
-For every family of tiny_checkpoints.FAMILIES it writes the tiny random checkpoint into a temporary
-folder, loads it with AutoModelForCausalLM (fp32, eager attention; any missing or unexpected
-weight is an error, so HF never runs on randomly initialized tensors), and decodes 16 greedy tokens
-for each of the 4 prompts (token ids, lengths 3 / 12 / 37 / 70) with generate(), one prompt at a
-time, KV cache on, EOS disabled.
+For every family of tiny_checkpoints.FAMILIES (tests/support/tiny_checkpoints.py) it writes the tiny
+random checkpoint into a temporary folder, loads it with AutoModelForCausalLM (fp32, eager attention;
+any missing or unexpected weight is an error, so HF never runs on randomly initialized tensors), and
+decodes 16 greedy tokens for each of the 4 prompts (token ids, lengths 3 / 12 / 37 / 70) with
+generate(), one prompt at a time, KV cache on, EOS disabled.
 
 Writes into tests/reference/fixtures/:
   tiny_<family>.npz   (compressed, ~130 KB)
@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "support"))  # run in another venv, not by pytest: tiny_checkpoints
 
 import tiny_checkpoints as tc  # noqa: E402
 
@@ -136,7 +136,7 @@ def make_fixture(family: str, out_dir: Path) -> dict:
                         output_ids=out_ids, logits=logits)
     meta = {
         "description": f"HF transformers greedy reference for the tiny random {family} checkpoint of "
-                       "tests/reference/tiny_checkpoints.py; made by tests/reference/make_tiny_references.py",
+                       "tests/support/tiny_checkpoints.py; made by tests/reference/make_tiny_references.py",
         "family": family,
         "config": cfg,
         "tensors_sha256": tensors_sha,

@@ -27,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))  # clients.py, http_clients.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))  # own process: clients, http_clients
 from clients import GrpcStream, ensemble_inputs, llm_inputs  # noqa: E402
 from http_clients import http_generate, http_generate_stream  # noqa: E402
 

@@ -1,7 +1,7 @@
 """Two replicas of the server of `make serve` behind a real HAProxy (deploy/haproxy/haproxy.cfg), on loopback.
 
 Each replica is scripts/launch_triton.py (what `make serve` runs: supervised tritonserver) on a copy of
-the repository with the default model, started through tests/e2e/supervised.py with the recipe's accept
+the repository with the default model, started through tests/support/supervised.py with the recipe's accept
 window DRAIN_ACCEPT_S. HAProxy is Debian's package (deploy/haproxy/install_haproxy.sh: $HAPROXY, an
 earlier copy in build/haproxy/, `haproxy` on PATH, else `apt-get download` + `dpkg-deb -x`; an HAProxy
 that cannot be had fails the test with the script's reason, it is never skipped), running the shipped

@@ -11,7 +11,7 @@ import numpy as np
 import requests
 import tritonclient.grpc as grpcclient
 
-from clients import ensemble_inputs, llm_inputs  # tests/e2e
+from clients import ensemble_inputs, llm_inputs  # tests/support
 from records import Outcome
 from streams import Stream, StreamTimeout, final
 

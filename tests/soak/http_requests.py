@@ -13,7 +13,7 @@ import time
 import requests
 
 import payloads
-from http_clients import iter_sse  # tests/e2e
+from http_clients import iter_sse  # tests/support
 from records import Outcome
 from validate import check_responses, parse_json
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import time
 
-from clients import scrape_metrics  # tests/e2e
+from clients import scrape_metrics  # tests/support
 import proctree
 
 GAUGES = {"kv_used": "llm_kv_cache_used_blocks", "kv_free": "llm_kv_cache_free_blocks",

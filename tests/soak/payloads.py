@@ -13,7 +13,7 @@ import random
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from clients import ensemble_inputs, llm_inputs  # tests/e2e
+from clients import ensemble_inputs, llm_inputs  # tests/support
 from validate import Spec
 
 PROMPTS = [

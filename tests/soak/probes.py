@@ -8,7 +8,7 @@ import dataclasses
 import threading
 import time
 
-from clients import ensemble_inputs, llm_inputs  # tests/e2e
+from clients import ensemble_inputs, llm_inputs  # tests/support
 from streams import Stream, StreamTimeout, final
 
 BUSY_WORDS = ("max_num_waiting", "max_waiting_requests")  # a refusal at the waiting limit: alive

@@ -12,16 +12,12 @@ from __future__ import annotations
 import dataclasses
 import re
 import shutil
-import sys
 from pathlib import Path
+
+from repo_edit import set_config_parameter  # tests/support
 
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parents[1]
-for _p in (HERE.parent / "e2e", HERE.parent / "unit"):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
-
-from repo_edit import set_config_parameter  # noqa: E402  (tests/e2e)
 
 MODEL_REPO = REPO_ROOT / "model_repository"
 WAITING_KEYS = ("max_num_waiting", "max_waiting_requests")  # new name first
@@ -86,7 +82,7 @@ def prepare(out_dir: Path, tiny_model_dir: Path | None, max_waiting: int = 8, ma
 
 def make_tiny_model(out_dir: Path, tokenizer_dir: Path) -> Path:
     """The tiny random Llama of the unit tests (4 heads, 2 KV heads), made once in out_dir."""
-    from tiny_model import make_tiny_llama  # tests/unit
+    from tiny_model import make_tiny_llama  # tests/support
 
     target = Path(out_dir) / "tiny_llama"
     if not (target / "model.safetensors").is_file():

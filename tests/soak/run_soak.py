@@ -28,9 +28,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-for _p in (HERE, HERE.parent / "e2e"):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
+sys.path.insert(0, str(HERE.parent / "support"))  # a script, not run by pytest: clients, repo_edit, tiny_model
 
 import checks as C  # noqa: E402
 import faults as F  # noqa: E402

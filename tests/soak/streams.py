@@ -10,7 +10,7 @@ import time
 
 import tritonclient.grpc as grpcclient
 
-from clients import is_final  # tests/e2e
+from clients import is_final  # tests/support
 
 
 class StreamTimeout(Exception):

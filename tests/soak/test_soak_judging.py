@@ -3,22 +3,15 @@ slope fit, and the response validation of one request."""
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-for _p in (HERE, HERE.parent / "e2e"):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
-
-import checks  # noqa: E402
-import proctree  # noqa: E402
-import watch  # noqa: E402
-import rss  # noqa: E402
-from records import Outcome  # noqa: E402
-from validate import Resp, Spec, check_responses  # noqa: E402
+import checks
+import proctree
+import watch
+import rss
+from records import Outcome
+from validate import Resp, Spec, check_responses
 
 
 def _o(status="error", error=None, expect="ok", model="llm", protocol="grpc", t=(10.0, 12.0), **kw):

@@ -1,18 +1,11 @@
 """Unit-test fixtures: the SmolLM2 tokenizer (folder: `smollm2_dir` of tests/conftest.py) and a tiny
-random-weight Llama checkpoint (see tiny_model.py) shared by the tests of one session."""
+random-weight Llama checkpoint (see tests/support/tiny_model.py) shared by the tests of one session."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:  # for `import tiny_model` under any pytest import mode
-    sys.path.insert(0, str(HERE))
-
-from tiny_model import make_tiny_llama  # noqa: E402
+from tiny_model import make_tiny_llama  # tests/support (pyproject's pytest pythonpath)
 
 
 @pytest.fixture(scope="session")

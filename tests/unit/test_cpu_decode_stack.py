@@ -11,7 +11,6 @@ checked against float64 numpy. Correctness against HF transformers is checked wh
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -26,12 +25,7 @@ from paddle_llm_engine.tp.model import build_tp_model
 from paddle_llm_engine.tp.shard import ShardPlan
 from paddle_llm_ops import build_opset
 from test_cpu_kernels import ISA_PARAMS
-
-REF_DIR = Path(__file__).resolve().parents[1] / "reference"
-if str(REF_DIR) not in sys.path:
-    sys.path.insert(0, str(REF_DIR))
-
-import tiny_checkpoints as tc  # noqa: E402
+import tiny_checkpoints as tc
 
 BLOCK = 16
 NUM_BLOCKS = 64

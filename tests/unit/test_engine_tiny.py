@@ -1,4 +1,4 @@
-"""LLMEngine end to end on a tiny random Llama (tests/unit/tiny_model.py): preemption with
+"""LLMEngine end to end on a tiny random Llama (tests/support/tiny_model.py): preemption with
 recompute, chunked prefill, abort, stop strings, EOS handling, seeded sampling in a batch, and the
 offline LLM wrapper. Exact-token comparisons rely on the tiny model's well-separated logits."""
 

@@ -1,4 +1,4 @@
-"""The engine on tiny thinking models (tests/reference/thinking_checkpoints.py): the thinking budget
+"""The engine on tiny thinking models (tests/support/thinking_checkpoints.py): the thinking budget
 (exactly N chosen tokens, then the family's end sequence, then the answer), the split of every output
 into reasoning and answer, guided decoding that starts after the thinking, n > 1, prefix-cache hits,
 speculative decoding, prompts whose template closed the thinking, and the refusals.
@@ -6,25 +6,22 @@ speculative decoding, prompts whose template closed the thinking, and the refusa
 A random model does not think: logit_bias / allowed_token_ids steer it (the end marker pushed out of
 reach so that only the budget ends the thinking, or pushed to the top so that the model ends it at
 once); the expected split is computed from the token ids with the tokenizer and str operations
-(test_reasoning_parsers.reference_split), not by the engine's parser."""
+(reference_split, tests/support/reasoning_reference.py), not by the engine's parser."""
 
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reference"))
-from thinking_checkpoints import make_thinking_checkpoint  # noqa: E402
+from reasoning_reference import reference_split
+from thinking_checkpoints import make_thinking_checkpoint
 
-from test_engine_tiny import make_engine  # noqa: E402
-from test_reasoning_parsers import reference_split  # noqa: E402
+from test_engine_tiny import make_engine
 
-from paddle_llm_engine import InvalidRequestError, SamplingParams  # noqa: E402
-from paddle_llm_engine.guided import GuideSpec  # noqa: E402
-from paddle_llm_engine.tokenizer import encode_prompt  # noqa: E402
+from paddle_llm_engine import InvalidRequestError, SamplingParams
+from paddle_llm_engine.guided import GuideSpec
+from paddle_llm_engine.tokenizer import encode_prompt
 
 ASCII = [10] + list(range(32, 127))  # byte-level ids of "\n" and the printable ASCII bytes
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99}},

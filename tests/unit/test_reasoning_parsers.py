@@ -1,46 +1,26 @@
 """Reasoning parsers without a model: the incremental text split at every point a stream can be cut
 (a delta ending inside `</think>`, inside an opening `<think>`, inside ERNIE's `<response>`), non-ASCII
 text, the thinking state's budget and counts, and which parser each family / setting gets on the
-tiny thinking tokenizers (tests/reference/thinking_checkpoints.py) and on a model that cannot think.
+tiny thinking tokenizers (tests/support/thinking_checkpoints.py) and on a model that cannot think.
 
-The reference split (`reference_split`) is written independently of the parser: regular expressions
-over the whole text, with the rules of reasoning/text_parser.py's docstring."""
+The reference split (`reference_split`, tests/support/reasoning_reference.py) is written independently
+of the parser: regular expressions over the whole text, with the rules of reasoning/text_parser.py's
+docstring."""
 
 from __future__ import annotations
 
 import logging
-import re
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reference"))
-from thinking_checkpoints import make_thinking_checkpoint  # noqa: E402
+from reasoning_reference import reference_split
+from thinking_checkpoints import make_thinking_checkpoint
 
-from paddle_llm_engine import InvalidRequestError  # noqa: E402
-from paddle_llm_engine.reasoning import (PARSERS, EngineReasoning, ReasoningTextParser, ThinkingState,  # noqa: E402
+from paddle_llm_engine import InvalidRequestError
+from paddle_llm_engine.reasoning import (PARSERS, EngineReasoning, ReasoningTextParser, ThinkingState,
                                          auto_family, split_text)
 
 ERNIE_TAGS = ("<response>", "</response>")
-
-
-def reference_split(text: str, thinking: bool, drop_tags=()) -> tuple[str, str]:
-    """(reasoning, content) by the documented rules, with regular expressions over the whole text."""
-    if not thinking:
-        content = text
-    else:
-        m = re.match(r"\s*<think>", text)
-        body = text[m.end():] if m else text
-        if "</think>" not in body:
-            return body, ""
-        reasoning, content = body.split("</think>", 1)
-        for t in drop_tags:
-            content = content.replace(t, "")
-        return reasoning, content.lstrip()
-    for t in drop_tags:
-        content = content.replace(t, "")
-    return "", content
 
 
 def feed_split(text: str, cuts: list[int], thinking: bool, drop_tags=()) -> tuple[str, str, list]:

@@ -22,11 +22,7 @@ from paddle_llm_engine.platforms import Device, GcuPlatform, platform_for
 from paddle_llm_engine.tp.shard import ShardPlan
 from paddle_llm_triton.config_params import engine_config_from_triton
 
-REF_DIR = Path(__file__).resolve().parents[1] / "reference"
-if str(REF_DIR) not in sys.path:
-    sys.path.insert(0, str(REF_DIR))
-
-import tiny_checkpoints as tc  # noqa: E402
+import tiny_checkpoints as tc
 
 
 @pytest.fixture(autouse=True)
@@ -237,7 +233,10 @@ def test_workers_die_with_a_sigkilled_engine_process(tmp_path):
     import subprocess
 
     model_dir = tc.make_checkpoint("llama_tied", tmp_path / "ck")
-    code = (f"import sys, time; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+    here = Path(__file__).resolve().parent
+    # a `python -c` child does not get pytest's pythonpath: this folder (test_tp_config) and
+    # tests/support (tiny_checkpoints, which test_tp_config imports)
+    code = (f"import sys, time; sys.path[:0] = [{str(here)!r}, {str(here.parent / 'support')!r}]\n"
             "from test_tp_config import engine_config\n"
             "from paddle_llm_engine import LLMEngine\n"
             f"e = LLMEngine(engine_config({str(model_dir)!r}, 2))\n"

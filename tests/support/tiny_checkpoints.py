@@ -29,7 +29,7 @@ receive no token in those steps):
   ernie4_5_moe_interval  ERNIE 4.5 MoE, moe_k 3, moe_layer_start_index 0 / moe_layer_interval 2 (MoE
                 layers 1, 3), no shared experts, no routing bias in the checkpoint (HF: zeros)
 
-The init is scaled up on purpose (as tests/unit/tiny_model.py explains): logits of std ~8 keep
+The init is scaled up on purpose (as tests/support/tiny_model.py explains): logits of std ~8 keep
 greedy choices far from ties, and sharp attention makes a wrong position, rotary pairing or KV slot
 change the output. The o_proj and down_proj outputs are scaled up (gain 3) so that the blocks, not
 the token's own embedding, dominate the residual stream: with tied embeddings a weak stack just

@@ -19,7 +19,7 @@ reasoning parser, which would end every forced call at its first token.
 The tokenizer is byte-level BPE without merges (every byte one token, so any text, non-ASCII
 included, encodes; a UTF-8 character of several bytes spans several tokens), plus the added tokens;
 the model's vocabulary is exactly the tokenizer's, so every id a random model samples decodes.
-Weights: tests/reference/tiny_checkpoints.py's family weights (qwen3, ernie4_5, qwen2) at this
+Weights: tests/support/tiny_checkpoints.py's family weights (qwen3, ernie4_5, qwen2) at this
 vocabulary size. The random model never thinks on its own: tests steer it with logit_bias and the
 engine's budget forcing.
 """
