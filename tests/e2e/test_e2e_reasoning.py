@@ -155,9 +155,13 @@ def test_metrics_count_the_reasoning_tokens(server):
     llm_stream(server["grpc"], PROMPT, stream=False, sampling_parameters=_sp(budget=6)).raise_for_error()
     import time
 
-    for _ in range(100):
-        after = llm_value(scrape_metrics(server["metrics"]), "llm_reasoning_tokens_total")
-        if after > before:
-            break
+    # the metrics thread may publish the count in more than one update: wait for all of it (a busy
+    # host took longer than 5 s once), then check nothing more arrives
+    deadline = time.monotonic() + 30
+    after = before
+    while after - before < 8 and time.monotonic() < deadline:
         time.sleep(0.05)
+        after = llm_value(scrape_metrics(server["metrics"]), "llm_reasoning_tokens_total")
+    time.sleep(0.5)
+    after = llm_value(scrape_metrics(server["metrics"]), "llm_reasoning_tokens_total")
     assert after - before == 8  # 6 chosen + "\n" + "</think>"
