@@ -150,8 +150,24 @@ def test_ensemble_budget_with_two_sequences(server, stream):
         assert texts[i].count("</think>") == 1 and "\n</think>\n\n" in texts[i]
 
 
+def _settled_reasoning_tokens(metrics_url: str, quiet_s: float = 2.0, timeout: float = 30.0) -> float:
+    """llm_reasoning_tokens_total once it stayed unchanged for quiet_s (the earlier tests' requests
+    may still be on their way into the metrics)."""
+    import time
+
+    value, since, deadline = None, time.monotonic(), time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        now = llm_value(scrape_metrics(metrics_url), "llm_reasoning_tokens_total")
+        if now != value:
+            value, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            break
+        time.sleep(0.1)
+    return value
+
+
 def test_metrics_count_the_reasoning_tokens(server):
-    before = llm_value(scrape_metrics(server["metrics"]), "llm_reasoning_tokens_total")
+    before = _settled_reasoning_tokens(server["metrics"])
     llm_stream(server["grpc"], PROMPT, stream=False, sampling_parameters=_sp(budget=6)).raise_for_error()
     import time
 
