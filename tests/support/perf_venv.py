@@ -30,7 +30,7 @@ def ready() -> bool:
 def _command() -> list[str]:
     py = PERF_VENV / "bin" / "python"
     make_venv = "" if py.is_file() else f"{_base_python()!s} -m venv {PERF_VENV!s} && "
-    return ["bash", "-c", f"{make_venv}{py} -m pip install --disable-pip-version-check -q {AIPERF_PIN}"]
+    return ["bash", "-c", f"{make_venv}{py} -m pip install --disable-pip-version-check --no-compile -q {AIPERF_PIN}"]
 
 
 def start() -> None:
