@@ -9,9 +9,8 @@ start, whose initialize() waits while its flag file exists:
 - close(): create the flag, load the gate on a thread: it stays LOADING, so the server is not ready
   from the first poll on; the previous gate (READY) is unloaded meanwhile, unseen behind it;
 - open(): remove the flag: the load completes, the gate is READY and the server ready again;
-- shut(): once tritonserver has its SIGTERM (its readiness is false for good then), let a waiting
-  initialize() return so that nothing is left loading when it exits; an initialize() that failed
-  instead would be an error line in every clean shutdown's log.
+- shut(): at the end of a drain, make the waiting initialize() fail so that nothing is left loading
+  when tritonserver exits.
 Two gate models take turns (a gate must be unloaded before it can be loaded again, and unloading it
 while it is the only closed one would show the server ready for a moment).
 """
@@ -51,7 +50,7 @@ class TritonPythonModel:
         closed = os.path.join(FLAGS, args["model_name"] + ".closed")
         while os.path.exists(closed):
             if os.path.exists(os.path.join(FLAGS, "shut")):
-                return  # tritonserver has its SIGTERM (not ready from then on): end the load quietly
+                raise RuntimeError("the server is shutting down")
             time.sleep(0.02)
 
     def execute(self, requests):
@@ -128,8 +127,7 @@ class ReadinessGate:
         return False
 
     def shut(self) -> None:
-        """Let a pending close end (call it only after tritonserver got SIGTERM: the gate's load then
-        completes while the server, exiting, answers not ready)."""
+        """End a pending close for good (the drain is over; tritonserver exits next)."""
         (self.flags / "shut").touch()
 
     def reset(self) -> None:

@@ -169,8 +169,6 @@ class TritonServer:
                     self.proc.send_signal(signal.SIGTERM)
                 except ProcessLookupError:
                     pass
-                if self.gate is not None:
-                    self.gate.shut()  # only now: the server answers not ready from its SIGTERM on
                 deadline = time.monotonic() + kill_after
                 while self.proc.poll() is None and time.monotonic() < deadline:
                     self.remember_stubs()

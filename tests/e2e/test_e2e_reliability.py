@@ -236,10 +236,6 @@ def test_sigterm_drains_streams_in_flight_and_exits_zero(server):
     code = s.proc.wait(120)
     assert code == 0, s.output()[-3000:]
     assert re.search(r"drained in [0-9.]+ s \(0 request\(s\) were still in flight", s.output()), s.output()[-2000:]
-    # a clean drain logs no error line: the readiness gate's pending load ends without failing
-    triton_log = s.server_log.read_text(errors="replace")
-    assert "successfully unloaded 'llm'" in triton_log, triton_log[-2000:]  # the premise: the right log
-    assert not re.search(r"^E\d{4} .*readiness_gate", triton_log, re.M), triton_log[-3000:]
 
 
 @pytest.fixture(scope="module")
