@@ -9,8 +9,9 @@ start, whose initialize() waits while its flag file exists:
 - close(): create the flag, load the gate on a thread: it stays LOADING, so the server is not ready
   from the first poll on; the previous gate (READY) is unloaded meanwhile, unseen behind it;
 - open(): remove the flag: the load completes, the gate is READY and the server ready again;
-- shut(): at the end of a drain, make the waiting initialize() fail so that nothing is left loading
-  when tritonserver exits.
+- shut(): once tritonserver has its SIGTERM (its readiness is false for good then), let a waiting
+  initialize() return so that nothing is left loading when it exits; an initialize() that failed
+  instead would be an error line in every clean shutdown's log.
 Two gate models take turns (a gate must be unloaded before it can be loaded again, and unloading it
 while it is the only closed one would show the server ready for a moment).
 """
@@ -50,7 +51,7 @@ class TritonPythonModel:
         closed = os.path.join(FLAGS, args["model_name"] + ".closed")
         while os.path.exists(closed):
             if os.path.exists(os.path.join(FLAGS, "shut")):
-                raise RuntimeError("the server is shutting down")
+                return  # tritonserver has its SIGTERM (not ready from then on): end the load quietly
             time.sleep(0.02)
 
     def execute(self, requests):
@@ -77,8 +78,10 @@ class ReadinessGate:
     """close() / open() / shut() (see the module doc). Thread-safe; close() and open() nest: the
     gate opens when every close() has had its open()."""
 
-    def __init__(self, http_port: int, root: str | Path, admin_headers: dict[str, str] | None = None):
-        self.repo = RepositoryClient(http_port, headers=admin_headers)
+    def __init__(self, repo: RepositoryClient, root: str | Path):
+        """repo: the server's repository client (TritonServer.repository(): admin headers, loads over
+        gRPC, so the pending load holds no HTTP worker thread)."""
+        self.repo = repo
         self.flags = Path(root) / "gate_flags"
         self._lock = threading.Lock()
         self._closes = 0
@@ -127,7 +130,8 @@ class ReadinessGate:
         return False
 
     def shut(self) -> None:
-        """End a pending close for good (the drain is over; tritonserver exits next)."""
+        """Let a pending close end (call it only after tritonserver got SIGTERM: the gate's load then
+        completes while the server, exiting, answers not ready)."""
         (self.flags / "shut").touch()
 
     def reset(self) -> None:
@@ -137,12 +141,13 @@ class ReadinessGate:
             self._current = None
             for f in self.flags.glob("*.closed"):
                 f.unlink(missing_ok=True)
+            (self.flags / "shut").unlink(missing_ok=True)
 
     def _load(self, name: str) -> None:
         try:
             self.repo.load(name, timeout=24 * 3600)
         except (RepositoryError, OSError):
-            pass  # shut() ends it with an error on purpose; the server is exiting
+            pass  # the server exited or was killed meanwhile (a restart); nothing waits for it
 
     def _wait_loading(self, name: str, timeout: float = 5.0) -> None:
         deadline = time.monotonic() + timeout

@@ -55,6 +55,13 @@ class TritonServer:
         self._restarting = False
         self.state_dir: Path | None = None
 
+    def repository(self):
+        """A RepositoryClient for this server: its admin headers, loads over gRPC."""
+        from paddle_llm_launcher.repository import RepositoryClient
+
+        return RepositoryClient(self.http_port, headers=self.admin_headers, grpc_port=self.grpc_port,
+                                grpc_headers=self.admin.grpc_headers())
+
     # ---- readiness
 
     def is_ready(self) -> bool:
@@ -169,6 +176,8 @@ class TritonServer:
                     self.proc.send_signal(signal.SIGTERM)
                 except ProcessLookupError:
                     pass
+                if self.gate is not None:
+                    self.gate.shut()  # only now: the server answers not ready from its SIGTERM on
                 deadline = time.monotonic() + kill_after
                 while self.proc.poll() is None and time.monotonic() < deadline:
                     self.remember_stubs()

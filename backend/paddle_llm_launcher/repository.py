@@ -1,10 +1,16 @@
-"""Triton's model repository API over HTTP (standard library only): which models are in which
-state, load and unload. Needs `--model-control-mode explicit` for load / unload.
+"""Triton's model repository API: which models are in which state, load and unload. Needs
+`--model-control-mode explicit` for load / unload.
 
 Measured on Triton 2.51: unload returns at once (the model is UNLOADING: readiness false, new
 requests to it are refused with "unknown model"; requests in flight finish first); load blocks until
 the model is READY or failed; `load` of a model that is already loaded with unchanged files does
 nothing, so a reload is an unload, then a load.
+
+Index and unload go over HTTP (standard library). Load goes over gRPC when the server's gRPC port is
+known: Triton's HTTP server runs a load on one of its worker threads until the model is READY, and
+every HTTP connection served by that thread (a `generate_stream` in flight included) stalls meanwhile
+(measured: a stream's chunks held for the whole 3 s of a drain while the readiness gate's load was
+pending); Triton's gRPC server runs a load on a thread of its own.
 """
 
 from __future__ import annotations
@@ -22,9 +28,13 @@ class RepositoryClient:
     """headers: sent with every repository request (the launcher's admin header, admin_api.py: the
     repository API is restricted on the servers it starts)."""
 
-    def __init__(self, http_port: int, host: str = "127.0.0.1", headers: dict[str, str] | None = None):
+    def __init__(self, http_port: int, host: str = "127.0.0.1", headers: dict[str, str] | None = None,
+                 grpc_port: int | None = None, grpc_headers: dict[str, str] | None = None):
+        """grpc_port / grpc_headers: where load() goes (see the module doc); None: over HTTP."""
         self.base = f"http://{host}:{http_port}"
         self.headers = dict(headers or {})
+        self.grpc_url = None if grpc_port is None else f"{host}:{grpc_port}"
+        self.grpc_headers = dict(grpc_headers or {})
 
     def _post(self, path: str, body: dict | None = None, timeout: float = 10.0):
         req = urllib.request.Request(self.base + path, data=json.dumps(body or {}).encode(), method="POST",
@@ -45,8 +55,21 @@ class RepositoryClient:
         return {m["name"]: m.get("state", "") for m in self._post("/v2/repository/index", timeout=timeout) or []}
 
     def load(self, model: str, timeout: float = 600.0) -> None:
-        """Load (blocks until READY). Raises RepositoryError with Triton's reason."""
-        self._post(f"/v2/repository/models/{model}/load", timeout=timeout)
+        """Load (blocks until READY, at most `timeout` seconds). Raises RepositoryError with Triton's
+        reason (or the time-out)."""
+        if self.grpc_url is None:
+            self._post(f"/v2/repository/models/{model}/load", timeout=timeout)
+            return
+        import tritonclient.grpc as grpcclient
+        from tritonclient.utils import InferenceServerException
+
+        client = grpcclient.InferenceServerClient(self.grpc_url)
+        try:
+            client.load_model(model, headers=self.grpc_headers, client_timeout=timeout)
+        except InferenceServerException as e:
+            raise RepositoryError(e.message() or str(e)) from None
+        finally:
+            client.close()
 
     def unload(self, model: str, timeout: float = 30.0) -> None:
         self._post(f"/v2/repository/models/{model}/unload", timeout=timeout)

@@ -103,6 +103,6 @@ def start_server(model_repo, http_port: int, grpc_port: int, metrics_port: int, 
     if supervise:
         server.drain_accept_s = drain_accept_s
         server.state_dir = state_dir
-        server.gate = ReadinessGate(http_port, state_dir, server.admin_headers)
+        server.gate = ReadinessGate(server.repository(), state_dir)
         server.supervisor = Supervisor(server, state_dir, gate=server.gate, log=log, models=tuple(models))
     return server

@@ -15,8 +15,8 @@ finish, then let tritonserver exit by itself with code 0.
 3. the stubs are polled ({"type": "status"}) until none has a request in flight, or until the grace
    period (plus 5 s for the stubs' own deadline handling) is over; at the deadline the llm instances
    end their remaining requests with an error saying the server shut down;
-4. every model is unloaded (idle now: each unload completes at once), the gate's pending load is
-   ended, and tritonserver gets SIGTERM: with nothing loaded and no stream open it exits 0 within
+4. every model is unloaded (idle now: each unload completes at once), tritonserver gets SIGTERM and
+   then the gate's pending load is let end (handle.stop()): with nothing loaded and no stream open it exits 0 within
    about 2 s (measured). When Triton keeps a model although every request finished, it exits 1
    after its exit timeout; the launcher still reports a clean drain (`clean_despite_exit_code`).
 """
@@ -30,7 +30,7 @@ from typing import Callable
 
 from paddle_llm_triton.engine_channel import control_bus
 from paddle_llm_launcher.gate import GATE_MODELS
-from paddle_llm_launcher.repository import RepositoryClient, RepositoryError
+from paddle_llm_launcher.repository import RepositoryError
 
 ACCEPT_ENV = "DRAIN_ACCEPT_S"
 
@@ -58,7 +58,7 @@ def drain(server, grace_s: float, log: Callable[[str], None] = print, accept_s: 
     summary: in_flight when refusals started, left (requests still in flight when waiting ended),
     open_responses, stuck (models Triton kept), accept_s, seconds (the whole drain)."""
     t0 = time.monotonic()
-    repo = RepositoryClient(server.http_port, headers=server.admin_headers)
+    repo = server.repository()
     if accept_s > 0:
         server.gate.close()
         log(f"launch_triton: readiness false; new requests still served for {accept_s:g} s ({ACCEPT_ENV}) "
@@ -82,7 +82,6 @@ def drain(server, grace_s: float, log: Callable[[str], None] = print, accept_s: 
     open_responses = {f"{m}/{i}": r.get("open_responses") for (m, i), r in replies.items() if r.get("open_responses")}
     if open_responses:
         log(f"launch_triton: responses never finished at the end of the drain: {open_responses}")
-    server.gate.shut()
     stuck: list[str] = []
     try:
         models = [m for m, state in repo.index().items() if state == "READY" and m not in GATE_MODELS]

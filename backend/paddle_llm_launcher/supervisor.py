@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Callable
 
 from paddle_llm_launcher import procs
-from paddle_llm_launcher.repository import RepositoryClient, RepositoryError
+from paddle_llm_launcher.repository import RepositoryError
 from paddle_llm_triton.engine_channel.unix_names import accept_credentials, recv_same_user
 from paddle_llm_triton.lifecycle.restarts import RESTARTS_FILE, supervisor_address
 # How long a live stub whose engine failed gets to finalize and exit before its processes are killed.
@@ -97,7 +97,7 @@ class Supervisor:
                  poll_s: float = 0.5, models: tuple[str, ...] | None = None,
                  metrics_every_s: float = 1.0, unload_timeout_s: float = 2.0, log: Callable[[str], None] = print):
         self.server = server
-        self.repo = RepositoryClient(server.http_port, headers=server.admin_headers)
+        self.repo = server.repository()
         self.state_dir = Path(state_dir)
         from paddle_llm_launcher.gate import GATE_MODELS
 

@@ -8,7 +8,9 @@
   reloads the model, requests succeed again;
 - SIGKILL of a tensor-parallel worker (tiny Llama, TP=2): the same;
 - SIGTERM with streams in flight: readiness false at once, a new request refused with the drain's
-  UNAVAILABLE message, the streams in flight finish normally, the launcher exits 0;
+  UNAVAILABLE message, the streams in flight finish normally (HTTP `generate_stream` ones too, none
+  held back until the drain's end by a load pending on Triton's HTTP worker thread), the launcher exits
+  0 and Triton logged no error line;
 - who may call it (paddle_llm_launcher/admin_api.py): a repository load that uploads a model.py is refused over
   HTTP and gRPC without the admin header or with a wrong one (the uploaded code never runs: the marker
   it would write never appears, while the same upload with the operator's TRITON_ADMIN_KEY does run
@@ -23,11 +25,14 @@ import json
 import os
 import re
 import signal
+import threading
 import time
 from pathlib import Path
 
 import pytest
+import requests
 
+from http_clients import iter_sse
 from clients import GrpcStream, ensemble_inputs, llm_inputs, llm_stream, run_concurrently, scrape_metrics
 from repo_edit import copy_repository, set_config_parameter
 from supervised import SupervisedServer
@@ -211,9 +216,43 @@ def test_uploaded_model_code_and_unload_are_refused_without_the_admin_key(server
     _short_ok(s)
 
 
+class _HttpStream(threading.Thread):
+    """One `llm` generate_stream on its own HTTP connection; `first` is set at its first chunk, `ended_at`
+    (time.monotonic()) and `tokens` (events seen) once its last arrived."""
+
+    def __init__(self, http_base: str, prompt: str, max_tokens: int):
+        super().__init__(daemon=True)
+        self.url = f"{http_base}/v2/models/llm/generate_stream"
+        self.body = {"text_input": prompt, "stream": True,
+                     "sampling_parameters": json.dumps({"temperature": 0, "max_tokens": max_tokens, "ignore_eos": True})}
+        self.first, self.tokens, self.ended_at, self.error = threading.Event(), 0, None, None
+
+    def run(self):
+        try:
+            with requests.post(self.url, json=self.body, stream=True, timeout=300) as r:
+                for ev in iter_sse(r):
+                    if "error" in ev:
+                        self.error = ev["error"]
+                    self.tokens += 1
+                    self.first.set()
+            self.ended_at = time.monotonic()
+        except Exception as e:  # noqa: BLE001 - reported by the test
+            self.error = repr(e)
+        self.first.set()
+
+
 def test_sigterm_drains_streams_in_flight_and_exits_zero(server):
     s = server
     s.wait(s.ready, RECOVER_S, "ready before the SIGTERM")  # the premise: readiness turns false by the drain
+    # 8 HTTP streams (one per worker thread of Triton's HTTP server, 8 by default) and one long gRPC
+    # stream that keeps the drain going: every HTTP stream must end before it does
+    http_streams = [_HttpStream(s.http_base, f"Note {i}:", 16) for i in range(8)]
+    for h in http_streams:
+        h.start()
+    for h in http_streams:
+        assert h.first.wait(120) and h.error is None, h.error
+    long_stream = _started(GrpcStream(s.grpc_url, "llm", llm_inputs("Tale:", True, {
+        "temperature": "0", "max_tokens": "200", "ignore_eos": "true"}), timeout=300))
     streams = [_started(GrpcStream(s.grpc_url, "llm", llm_inputs(f"Story {i}:", True,
                                                                  {"temperature": "0", "max_tokens": "48",
                                                                   "ignore_eos": "true"},
@@ -229,6 +268,14 @@ def test_sigterm_drains_streams_in_flight_and_exits_zero(server):
     results = run_concurrently([st.collect for st in streams], timeout=300)
     for r in results:
         assert r.error is None and r.final_seen, r.error
+    long_result = long_stream.collect()
+    long_ended = time.monotonic()
+    assert long_result.error is None and long_result.final_seen, long_result.error
+    for h in http_streams:
+        h.join(120)
+        # events, not tokens: the detokenizer holds back a partial character now and then
+        assert h.error is None and 8 <= h.tokens <= 16 and h.ended_at is not None, (h.error, h.tokens)
+        assert h.ended_at < long_ended, "an HTTP stream was held back until the drain's end"
     # every stream ran to its end: 48 tokens each (llm: num_output_tokens per response; ensemble: one
     # output_log_probs entry per token)
     assert [_tokens(st, r, "num_output_tokens") for st, r in zip(streams[:2], results[:2])] == [48, 48]
@@ -236,6 +283,10 @@ def test_sigterm_drains_streams_in_flight_and_exits_zero(server):
     code = s.proc.wait(120)
     assert code == 0, s.output()[-3000:]
     assert re.search(r"drained in [0-9.]+ s \(0 request\(s\) were still in flight", s.output()), s.output()[-2000:]
+    # a clean drain logs no error line: the readiness gate's pending load ends without failing
+    triton_log = s.server_log.read_text(errors="replace")
+    assert "successfully unloaded 'llm'" in triton_log, triton_log[-2000:]  # the premise: the right log
+    assert not re.search(r"^E\d{4} .*readiness_gate", triton_log, re.M), triton_log[-3000:]
 
 
 @pytest.fixture(scope="module")

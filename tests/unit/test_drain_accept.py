@@ -31,6 +31,9 @@ class FakeServer:
     def __init__(self, events):
         self.gate = FakeGate(events)
 
+    def repository(self):
+        return FakeRepo(self.http_port, headers=self.admin_headers)
+
 
 class FakeRepo:
     def __init__(self, _port, headers=None):
@@ -53,7 +56,6 @@ def rig(monkeypatch):
 
     monkeypatch.setattr(shutdown.control_bus, "bound_instances", lambda pid: [("llm", "llm_0_0")])
     monkeypatch.setattr(shutdown.control_bus, "ask", ask)
-    monkeypatch.setattr(shutdown, "RepositoryClient", FakeRepo)
     return events
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from paddle_llm_launcher.repository import RepositoryClient
 from paddle_llm_launcher.supervisor import Supervisor, stub_identity, unhealthy_instances
 from paddle_llm_triton.lifecycle.restarts import notify_failure, restart_count
 
@@ -99,6 +100,10 @@ class FakeServer:
         self.metrics_url = f"http://127.0.0.1:{triton.port}/metrics"
         self.proc = subprocess.Popen(["sleep", "600"])  # "running"
         self.restarted = threading.Event()
+
+    def repository(self):
+        # the fake answers the repository API over HTTP only (the real handle loads over gRPC)
+        return RepositoryClient(self.http_port, headers=self.admin_headers)
 
     def restart(self):
         if self.proc.poll() is not None:
