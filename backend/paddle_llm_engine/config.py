@@ -125,6 +125,10 @@ class EngineConfig:
     prefill_chunk_size: while sequences decode, at most this many prompt tokens join a step, so a
         wave of arriving prompts delays running streams by one chunk per step, not by the whole
         wave's prefill; 0: no cap beyond max_num_batched_tokens.
+    scheduling_policy: "fcfs" (the default: arrival order) or "priority": waiting requests are served
+        by their `priority` (a lower value first, default 0; then arrival), and a request more urgent
+        than a running one that lacks a sequence slot or KV blocks preempts the least urgent running
+        sequence (recomputed later, output unchanged). vLLM's setting and values.
     max_model_len: prompt + output limit per sequence; 0 means the model's max_position_embeddings.
     num_threads: CPU threads for Paddle and the C++ kernels; 0 means the CPUs this process may use
         (its affinity mask and cgroup CPU quota, rounded up; shared evenly by tensor-parallel ranks).
@@ -221,6 +225,7 @@ class EngineConfig:
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 2048
     prefill_chunk_size: int = 256
+    scheduling_policy: str = "fcfs"
     max_model_len: int = 0
     num_threads: int = 0
     adaptive_kernel_threads: int = 1
@@ -286,6 +291,9 @@ class EngineConfig:
             if not (math.isfinite(self.tp_join_timeout_s) and self.tp_join_timeout_s > 0):
                 raise ValueError(f"tp_join_timeout_s must be > 0, got {self.tp_join_timeout_s}")
         self.validate_speculative()
+        self.scheduling_policy = self.scheduling_policy.strip().lower()
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling_policy must be fcfs or priority, got {self.scheduling_policy!r}")
         if self.prefill_chunk_size < 0:
             raise ValueError(f"prefill_chunk_size must be >= 0 (0 = no cap), got {self.prefill_chunk_size}")
         if self.max_num_waiting < 0:

@@ -74,7 +74,7 @@ class LLMEngine:
             self.proposer = NgramProposer(config.num_speculative_tokens, config.prompt_lookup_min,
                                           config.prompt_lookup_max, config.max_model_len)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
-                                   config.prefill_chunk_size, self.proposer)
+                                   config.prefill_chunk_size, self.proposer, config.scheduling_policy)
         # speculative decoding counters (vLLM's spec-decode metrics), since start
         self.spec_num_drafts = 0
         self.spec_num_draft_tokens = 0

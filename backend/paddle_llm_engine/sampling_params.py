@@ -101,6 +101,9 @@ class SamplingParams:
         Needs a reasoning parser (reasoning/registry.py); 0 ends the thinking at once.
     reasoning_parser: None (the engine's setting), "none" (no thinking span: the output is all answer
         for the engine) or a parser name (reasoning/registry.py PARSERS).
+    priority: scheduling priority, an int in [-2^31, 2^31); a lower value is served first (vLLM's
+        order; default 0). Acts only under the engine's scheduling_policy "priority" (scheduler.py);
+        not a sampling parameter, carried here so that every contract passes it the same way.
     """
 
     temperature: float = 1.0
@@ -131,6 +134,7 @@ class SamplingParams:
     truncate_prompt_tokens: int | None = None
     reasoning_max_tokens: int | None = None
     reasoning_parser: str | None = None
+    priority: int = 0
 
     def __setattr__(self, name, value):
         if self.__dict__.get("_frozen"):
@@ -173,6 +177,9 @@ class SamplingParams:
             raise _bad_param(
                 "min_tokens", f"({self.min_tokens}) must be <= max_tokens ({self.max_tokens})"
             )
+        if isinstance(self.priority, bool) or not isinstance(self.priority, int) \
+                or not -2**31 <= self.priority < 2**31:
+            raise _bad_param("priority", f"must be an integer in [-2^31, 2^31), got {self.priority!r}")
         if self.seed is not None and not (0 <= self.seed < 2**64):
             raise _bad_param("seed", f"must be in [0, 2^64), got {self.seed}")
         if not (1 <= self.n <= MAX_SEQUENCES):

@@ -11,6 +11,15 @@ While any running sequence decodes, the prompt tokens of a step (both kinds abov
 `prefill_chunk_size`: a wave of arriving prompts is spread over several steps instead of stalling
 every running stream for the whole wave's prefill.
 A step therefore mixes prefills and decodes. The scheduler never touches tensors.
+
+Scheduling policy (`policy`, EngineConfig.scheduling_policy; vLLM's names and order):
+- "fcfs": the order above; the victim of a preemption is the newest running sequence.
+- "priority": the waiting queue is ordered by (SamplingParams.priority, arrival time), a lower
+  priority value first; running sequences are served most urgent first, and the victim of a
+  preemption is the least urgent (highest value, then newest). Before each step, while the most
+  urgent waiting sequence is strictly more urgent than the least urgent running one and lacks a
+  sequence slot or KV blocks for its first chunk, that running sequence is preempted (recompute: its
+  tokens are kept and computed again when it is admitted, so its output does not change).
 Speculative decoding (a `proposer` given): a decoding sequence may get d draft tokens
 (ScheduledSeq.draft_token_ids) and is then scheduled for 1 + d tokens: the budget and its KV blocks
 count them all; when its blocks do not fit, it is first scheduled without drafts before anything
@@ -26,6 +35,7 @@ and a finished sequence leaves the queues with its blocks freed (finish).
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -60,16 +70,28 @@ class SchedulerOutput:
         return sum(s.num_new_tokens for s in self.scheduled)
 
 
+SCHEDULING_POLICIES = ("fcfs", "priority")
+
+
+def urgency(seq: Sequence) -> tuple:
+    """The priority policy's sort key: lower is served first (priority value, arrival, sequence index)."""
+    return seq.params.priority, seq.arrival_time, seq.seq_index
+
+
 class Scheduler:
     """Holds the waiting and running queues and the block manager."""
 
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 prefill_chunk_size: int = 0, proposer=None):
+                 prefill_chunk_size: int = 0, proposer=None, policy: str = "fcfs"):
         """prefill_chunk_size: when any running sequence decodes, the prompt tokens (new prompts,
         prompt chunks, recomputes) of one step are capped at this many, so running decodes wait for
         at most one chunk's compute when prompts arrive in waves; 0: only max_num_batched_tokens.
         proposer(seq, budget) -> draft token ids (at most budget) for a decoding sequence
-        (speculative decoding, spec_decode/); None: no speculation."""
+        (speculative decoding, spec_decode/); None: no speculation.
+        policy: "fcfs" or "priority" (module doc). Raises ValueError for another value."""
+        if policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, got {policy!r}")
+        self.policy = policy
         self.blocks = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -81,7 +103,17 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
-        self.waiting.append(seq)
+        self._enqueue(seq, front=False)
+
+    def _enqueue(self, seq: Sequence, front: bool) -> None:
+        """fcfs: at the back (new) or the front (preempted); priority: at its urgency's place."""
+        if self.policy == "priority":
+            keys = [urgency(s) for s in self.waiting]
+            self.waiting.insert(bisect.bisect_right(keys, urgency(seq)), seq)
+        elif front:
+            self.waiting.appendleft(seq)
+        else:
+            self.waiting.append(seq)
 
     def add_running(self, seq: Sequence) -> None:
         """A sequence forked from a running one (its blocks shared, its prompt computed)."""
@@ -98,6 +130,10 @@ class Scheduler:
         prefill_left = budget
         if self.prefill_chunk_size and any(seq.num_pending_tokens == 1 for seq in self.running):
             prefill_left = min(budget, self.prefill_chunk_size)
+        if self.policy == "priority":
+            self._preempt_for_urgent(out, prefill_left)
+            self.running.sort(key=urgency)  # the victims below are taken from the end
+        made_room = len(out.preempted)  # preemptions for an urgent arrival do not stop admissions
         running: list[Sequence] = []
         queue = deque(self.running)
         while queue:
@@ -134,7 +170,7 @@ class Scheduler:
 
         # Admit waiting sequences (preempted ones were put back at the front).
         while (self.waiting and budget > 0 and prefill_left > 0 and len(self.running) < self.max_num_seqs
-               and not out.preempted):
+               and len(out.preempted) == made_room):
             seq = self.waiting[0]
             n = self.blocks.allocate_prompt(seq, min(budget, prefill_left))  # reuses cached prefix blocks
             if n is None:
@@ -150,13 +186,30 @@ class Scheduler:
         out.copies = self.blocks.take_copies()
         return out
 
+    def _preempt_for_urgent(self, out: SchedulerOutput, prefill_left: int) -> None:
+        """Priority policy, before a step: preempt the least urgent running sequences while the most
+        urgent waiting one is strictly more urgent and lacks a slot or the KV blocks of its first
+        chunk (at most prefill_left tokens; counted without prefix-cache hits, so this may free a
+        little more than the cache would need)."""
+        while self.waiting and self.running:
+            head = self.waiting[0]
+            victim = max(self.running, key=urgency)
+            if victim.params.priority <= head.params.priority:
+                return
+            first_chunk = min(head.num_tokens, prefill_left)
+            if (len(self.running) < self.max_num_seqs
+                    and self.blocks.can_allocate(self.blocks.blocks_needed(head, first_chunk))):
+                return
+            self.running.remove(victim)
+            self._preempt(victim, out)
+
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
-        """Recompute-style preemption: free all blocks, requeue at the front of waiting."""
+        """Recompute-style preemption: free all blocks, requeue (fcfs: at the front of waiting)."""
         self.blocks.free(seq)
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         seq.status = SequenceStatus.WAITING
-        self.waiting.appendleft(seq)
+        self._enqueue(seq, front=True)
         self.num_preemptions += 1
         out.preempted.append(seq)
 

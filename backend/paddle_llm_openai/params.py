@@ -136,7 +136,7 @@ def sampling(req, chat: bool, guide: dict | None = None, guide_param: str = "res
         raise bad_param("temperature", f"must be between 0 and {MAX_TEMPERATURE:g}, got {req.temperature}")
     for key in ("temperature", "top_p", "top_k", "min_p", "min_tokens", "ignore_eos", "presence_penalty",
                 "frequency_penalty", "repetition_penalty", "skip_special_tokens", "stop_token_ids",
-                "include_stop_str_in_output"):
+                "include_stop_str_in_output", "priority"):
         v = getattr(req, key)
         if v is not None:
             sp[key] = v

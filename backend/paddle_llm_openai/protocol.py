@@ -52,6 +52,8 @@ class _Common(BaseModel):
     skip_special_tokens: Optional[bool] = None
     stop_token_ids: Optional[List[int]] = None
     include_stop_str_in_output: Optional[bool] = None
+    # scheduling priority, a lower value first (acts under the engine's scheduling_policy "priority")
+    priority: Optional[int] = None
     # thinking models: one budget under FastDeploy's and vLLM's names (paddle_llm_openai/reasoning.py)
     reasoning_max_tokens: Optional[int] = None
     thinking_token_budget: Optional[int] = None

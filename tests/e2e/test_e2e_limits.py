@@ -5,7 +5,10 @@
 - on a copy of the repository with max_num_seqs 1, max_num_waiting 2 and max_request_seconds 8:
   requests past the limit are refused at once (before the running request ends) on gRPC and HTTP,
   both models, with the limit named, and counted in llm_requests_rejected_total{reason="queue_full"};
-  the admitted ones end at max_request_seconds, running or waiting.
+  the admitted ones end at max_request_seconds, running or waiting;
+- on the same copy, scheduling_policy "priority": with the one slot busy and a request waiting (both
+  priority 5), a priority-0 request preempts the running one and finishes before the waiting one
+  starts; every text equals the text of the same request run alone.
 Triton 2.51's mapping of the UNAVAILABLE code, measured: the gRPC stream carries only the message
 (tritonclient's status() is None), HTTP generate / generate_stream answer 400."""
 
@@ -16,7 +19,7 @@ import time
 
 import pytest
 
-from clients import GrpcStream, ensemble_inputs, llm_inputs, sampling_json, scrape_metrics
+from clients import GrpcStream, decode_str, ensemble_inputs, llm_inputs, sampling_json, scrape_metrics
 from http_clients import http_generate, http_generate_stream
 from metrics_util import is_idle, llm_value, wait_for
 from repo_edit import set_config_parameter
@@ -103,6 +106,7 @@ def _limits(repo):
     set_config_parameter(cfg, "max_num_seqs", "1")
     set_config_parameter(cfg, "max_num_waiting", "2")
     set_config_parameter(cfg, "max_request_seconds", str(MAX_REQUEST_SECONDS))
+    set_config_parameter(cfg, "scheduling_policy", "priority")
 
 
 @pytest.fixture(scope="module")
@@ -216,3 +220,38 @@ def test_openai_frontend_answers_503_in_openai_form_while_the_server_is_full(lim
             s.cancel()
         front.stop(10)
     wait_for(limited.metrics_url, is_idle, timeout=30)
+
+
+def test_an_urgent_request_preempts_the_running_one_and_outputs_do_not_change(limited):
+    url, murl = limited.grpc_url, limited.metrics_url
+    prompts = {"running": "Describe a harbour at dawn.", "waiting": "Describe a forest at night.",
+               "urgent": "Name three colours."}
+
+    def params(priority=None, max_tokens=32):
+        sp = {"temperature": "0", "max_tokens": str(max_tokens), "ignore_eos": "true"}
+        return sp if priority is None else {**sp, "priority": str(priority)}
+
+    alone = {k: GrpcStream(url, "llm", llm_inputs(p, True, params(max_tokens=8 if k == "urgent" else 32)),
+                           timeout=60).collect() for k, p in prompts.items()}
+    for r in alone.values():
+        r.raise_for_error()
+    before = llm_value(scrape_metrics(murl), "llm_preemptions_total")
+
+    running = GrpcStream(url, "llm", llm_inputs(prompts["running"], True, params(5)), timeout=60)
+    first, err = running.next()
+    assert err is None, err
+    waiting = GrpcStream(url, "llm", llm_inputs(prompts["waiting"], True, params(5)), timeout=60)
+    wait_for(murl, lambda m: llm_value(m, "llm_num_requests_waiting") == 1, timeout=30)
+    urgent = GrpcStream(url, "llm", llm_inputs(prompts["urgent"], True, params(0, 8)), timeout=60).collect()
+    urgent.raise_for_error()
+    # one slot: the waiting request (priority 5, after the preempted one) cannot have started yet;
+    # under fcfs the urgent request would have waited for both
+    with pytest.raises(TimeoutError):
+        waiting.next(timeout=0.0)
+    rest, w = running.collect(), waiting.collect()
+    rest.raise_for_error()
+    w.raise_for_error()
+    assert urgent.text == alone["urgent"].text
+    assert decode_str(first, "text_output") + rest.text == alone["running"].text
+    assert w.text == alone["waiting"].text
+    assert llm_value(scrape_metrics(murl), "llm_preemptions_total") >= before + 1

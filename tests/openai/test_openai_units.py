@@ -50,9 +50,9 @@ def test_sampling_chat_and_completions():
     assert sp == {"max_tokens": 7, "temperature": 0, "top_k": 4, "ignore_eos": True, "stop": "x",
                   "logit_bias": {"3": -100}, "logprobs": 2, "structured_outputs": {"json_object": True}}
     assert names["sampling_parameters.max_tokens"] == "max_completion_tokens"
-    creq = CompletionRequest(model="m", prompt="p", logprobs=3, echo=False, min_p=0.1)
+    creq = CompletionRequest(model="m", prompt="p", logprobs=3, echo=False, min_p=0.1, priority=-2)
     sp, names = params.sampling(creq, chat=False)
-    assert sp == {"min_p": 0.1, "logprobs": 3} and names["text_input"] == "prompt"
+    assert sp == {"min_p": 0.1, "logprobs": 3, "priority": -2} and names["text_input"] == "prompt"
     with pytest.raises(OpenAIError) as ei:
         params.sampling(CompletionRequest(model="m", prompt="p", logprobs=1, echo=True), chat=False)
     assert ei.value.param == "logprobs"

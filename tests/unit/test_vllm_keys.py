@@ -260,3 +260,14 @@ def test_default_max_tokens_parameter():
     for bad in ("-1", "many"):
         with pytest.raises(ValueError, match="default_max_tokens"):
             serving_options(_cfg(default_max_tokens=bad))
+
+
+def test_priority_is_a_sampling_parameters_key_and_triton_keeps_its_own():
+    assert tensor({"priority": -3}).priority == -3 and tensor({}).priority == 0
+    for bad in ("high", 2**31):
+        assert error_of(tensor, {"priority": bad}).field == "sampling_parameters.priority"
+    # a request parameter `priority` is Triton's own request priority (its HTTP server reads it; the
+    # Python backend of Triton 2.51 does not pass it on), so only sampling_parameters carries ours
+    assert from_request_parameters(json.dumps({"priority": 2, "temperature": 0}), VOCAB)[0].priority == 0
+    nested = {"sampling_parameters": json.dumps({"priority": 4})}
+    assert from_request_parameters(json.dumps(nested), VOCAB)[0].priority == 4

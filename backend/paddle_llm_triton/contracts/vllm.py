@@ -143,6 +143,8 @@ _VLLM_KEYS = {
     "reasoning_max_tokens": (_to_int, "reasoning_max_tokens"),
     "thinking_token_budget": (_to_int, "reasoning_max_tokens"),
     "reasoning_parser": (_to_str, "reasoning_parser"),
+    # vLLM's per-request scheduling priority (acts under scheduling_policy "priority")
+    "priority": (_to_int, "priority"),
 }
 # keys that are two names of one parameter: both given with different values is an error naming both
 SYNONYMS = (("reasoning_max_tokens", "thinking_token_budget"),)
