@@ -47,6 +47,13 @@ class BlockManager:
         self.prefix_hit_tokens = 0    # of which found
         self._copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) pairs not yet taken
         self.num_cow_copies = 0       # blocks copied on write, since start
+        # prefix-cache changes for KV-event publishing (kv_events.py), oldest first; None: not
+        # recorded. ("stored", [hashes], parent hash or None, [token ids]) / ("removed", [hashes])
+        self.events: list[tuple] | None = None
+
+    def cached_hashes(self) -> set[int]:
+        """The hashes of every block the prefix cache holds now (what KV events describe)."""
+        return set(self._hash_to_block)
 
     @property
     def num_free_blocks(self) -> int:
@@ -84,6 +91,8 @@ class BlockManager:
         if h is not None:  # evict its cached content
             if self._hash_to_block.get(h) == b:
                 del self._hash_to_block[h]
+                if self.events is not None:
+                    self.events.append(("removed", [h]))
             self._block_hash[b] = None
             self._block_tokens[b] = None
         return b
@@ -190,6 +199,18 @@ class BlockManager:
                 self._hash_to_block[h] = b
                 self._block_hash[b] = h
                 self._block_tokens[b] = tokens
+                if self.events is not None:
+                    self._record_stored(h, parent, tokens)
+
+    def _record_stored(self, h: int, parent: int | None, tokens: tuple[int, ...]) -> None:
+        """A block joined the cache: extend the last "stored" event when it continues that chain
+        (one event per run of blocks, as vLLM publishes them), else start one."""
+        last = self.events[-1] if self.events else None
+        if last is not None and last[0] == "stored" and last[1][-1] == parent:
+            last[1].append(h)
+            last[3].extend(tokens)
+        else:
+            self.events.append(("stored", [h], parent, list(tokens)))
 
     def trim(self, seq: Sequence, num_tokens: int) -> None:
         """Drop the blocks of seq's table that lie wholly past its first `num_tokens` tokens

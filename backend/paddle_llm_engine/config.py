@@ -129,6 +129,13 @@ class EngineConfig:
         by their `priority` (a lower value first, default 0; then arrival), and a request more urgent
         than a running one that lacks a sequence slot or KV blocks preempts the least urgent running
         sequence (recomputed later, output unchanged). vLLM's setting and values.
+    kv_events_endpoint: "" (off) or a ZeroMQ address to bind ("tcp://*:5557", "ipc:///path"): the
+        prefix cache's changes are published there in vLLM's KV-event format for KV-aware routers
+        (kv_events.py; docs/features/kv_events.md); needs enable_prefix_caching. In config.pbtxt
+        instance k binds the tcp port + k.
+    kv_events_replay_endpoint: "" (none) or a ZeroMQ address for the replay socket (ROUTER) that
+        re-sends buffered batches from a sequence number on (instance k: port + k).
+    kv_events_topic: the topic frame of every KV-event message (vLLM's default: empty).
     max_model_len: prompt + output limit per sequence; 0 means the model's max_position_embeddings.
     num_threads: CPU threads for Paddle and the C++ kernels; 0 means the CPUs this process may use
         (its affinity mask and cgroup CPU quota, rounded up; shared evenly by tensor-parallel ranks).
@@ -226,6 +233,9 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     prefill_chunk_size: int = 256
     scheduling_policy: str = "fcfs"
+    kv_events_endpoint: str = ""
+    kv_events_replay_endpoint: str = ""
+    kv_events_topic: str = ""
     max_model_len: int = 0
     num_threads: int = 0
     adaptive_kernel_threads: int = 1
@@ -291,6 +301,15 @@ class EngineConfig:
             if not (math.isfinite(self.tp_join_timeout_s) and self.tp_join_timeout_s > 0):
                 raise ValueError(f"tp_join_timeout_s must be > 0, got {self.tp_join_timeout_s}")
         self.validate_speculative()
+        for name in ("kv_events_endpoint", "kv_events_replay_endpoint"):
+            v = getattr(self, name).strip()
+            if v and not v.startswith(("tcp://", "ipc://")):
+                raise ValueError(f"{name} must be a tcp:// or ipc:// address, got {v!r}")
+            setattr(self, name, v)
+        if self.kv_events_replay_endpoint and not self.kv_events_endpoint:
+            raise ValueError("kv_events_replay_endpoint needs kv_events_endpoint")
+        if self.kv_events_endpoint and not self.enable_prefix_caching:
+            raise ValueError("kv_events_endpoint needs enable_prefix_caching 1 (the events describe the prefix cache)")
         self.scheduling_policy = self.scheduling_policy.strip().lower()
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling_policy must be fcfs or priority, got {self.scheduling_policy!r}")

@@ -26,6 +26,7 @@ from paddle_llm_engine.block_manager import BlockManager
 from paddle_llm_engine.config import EngineConfig, ModelConfig
 from paddle_llm_engine.errors import EngineBusyError
 from paddle_llm_engine.executor import create_executor
+from paddle_llm_engine.kv_events import start_kv_events
 from paddle_llm_engine.guided import GuidedDecoding
 from paddle_llm_engine.outputs import EngineStats, RequestOutput
 from paddle_llm_engine.platforms import resolve_device
@@ -75,6 +76,7 @@ class LLMEngine:
                                           config.prompt_lookup_max, config.max_model_len)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.prefill_chunk_size, self.proposer, config.scheduling_policy)
+        self.kv_events = start_kv_events(config, self.block_manager, self.device)  # None when off
         # speculative decoding counters (vLLM's spec-decode metrics), since start
         self.spec_num_drafts = 0
         self.spec_num_draft_tokens = 0
@@ -241,6 +243,8 @@ class LLMEngine:
         thread; idempotent."""
         self.executor.close()
         self.guided.close()
+        if self.kv_events is not None:
+            self.kv_events.close()
 
     def has_unfinished_requests(self) -> bool:
         """True while any request added is not finished."""
@@ -260,7 +264,10 @@ class LLMEngine:
         step = build_step(sched.scheduled, sched.copies, self._forks_of)
         logits = self.executor.execute(step)
         self.num_steps += 1
-        return expired + self._update_from_output(sched.scheduled, step, logits, return_logits)
+        outputs = expired + self._update_from_output(sched.scheduled, step, logits, return_logits)
+        if self.kv_events is not None:
+            self.kv_events.flush()  # this step's evictions and new cached blocks, one batch
+        return outputs
 
     def _forks_of(self, seq) -> list:
         """n > 1: the sequences that fork from sequence 0 when it samples its first token."""

@@ -168,9 +168,15 @@ class Scheduler:
                 prefill_left -= n
         self.running = running
 
-        # Admit waiting sequences (preempted ones were put back at the front).
+        self._admit(out, budget, prefill_left, stop_at=made_room)
+        out.copies = self.blocks.take_copies()
+        return out
+
+    def _admit(self, out: SchedulerOutput, budget: int, prefill_left: int, stop_at: int) -> None:
+        """Admit waiting sequences in queue order while budget, slots and KV blocks allow (none once
+        the running ones needed a preemption beyond the first `stop_at`: the cache is short)."""
         while (self.waiting and budget > 0 and prefill_left > 0 and len(self.running) < self.max_num_seqs
-               and len(out.preempted) == made_room):
+               and len(out.preempted) == stop_at):
             seq = self.waiting[0]
             n = self.blocks.allocate_prompt(seq, min(budget, prefill_left))  # reuses cached prefix blocks
             if n is None:
@@ -183,8 +189,6 @@ class Scheduler:
             out.scheduled.append(ScheduledSeq(seq, n))
             budget -= n
             prefill_left -= n
-        out.copies = self.blocks.take_copies()
-        return out
 
     def _preempt_for_urgent(self, out: SchedulerOutput, prefill_left: int) -> None:
         """Priority policy, before a step: preempt the least urgent running sequences while the most

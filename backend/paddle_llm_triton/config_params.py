@@ -28,6 +28,7 @@ import os
 from dataclasses import dataclass
 
 from paddle_llm_engine.config import DEPRECATED_ALIASES, EngineConfig
+from paddle_llm_engine.kv_events import offset_port
 from paddle_llm_triton.lifecycle.instances import instance_ordinal
 from paddle_llm_triton.metrics.names import NAME_SETS, parse_name_sets
 
@@ -192,6 +193,9 @@ def engine_config_from_triton(model_config: dict, args: dict) -> EngineConfig:
         kwargs["device_id"] = ordinal * max(1, kwargs.get("tensor_parallel_size", 1))
     if str(kwargs.get("tp_hosts", "")).strip():
         kwargs["tp_port"] = kwargs.get("tp_port", EngineConfig.tp_port) + ordinal
+    for name in ("kv_events_endpoint", "kv_events_replay_endpoint"):  # one publisher per instance
+        if kwargs.get(name, "").strip():
+            kwargs[name] = offset_port(kwargs[name].strip(), ordinal)
     return EngineConfig(**kwargs)
 
 
