@@ -133,15 +133,25 @@ class EnsemblePipeline:
             with self._lock:
                 self._in_flight -= 1
 
-    def _generate(self, request, sender) -> None:
-        pb = _pb()
+    def _rows(self, request) -> tuple[list[Row], int]:
+        """The request's rows through preprocessing, and its batch size B. Raises StepError or
+        InvalidRequestError naming the input."""
         tensors = {t.name(): t.as_numpy() for t in request.inputs()}
         steps.reject_unsupported(tensors)
         if "text_input" not in tensors:  # optional in config.pbtxt only so that `stop` may come without it
             raise InvalidRequestError("text_input", "required: the prompt (a `stop` request alone may omit it)")
         batch = tensors["text_input"].shape[0] if tensors["text_input"].ndim >= 2 else 1
-        rows = [steps.preprocess(self.pre_model, b, {k: batch_row(v, b, batch) for k, v in tensors.items()})
-                for b in range(batch)]
+        return [steps.preprocess(self.pre_model, b, {k: batch_row(v, b, batch) for k, v in tensors.items()})
+                for b in range(batch)], batch
+
+    def _frame_response(self, client: ClientRequest, r: Row, frame: dict, batched: bool):
+        """The client's response for one output frame: postprocessing, then TensorRT-LLM's outputs.
+        Raises StepError when a step fails."""
+        tensors = steps.postprocess(self.post_model, frame) + steps.extra_outputs(r, frame, batched)
+        return ensemble_response(tensors, str(frame.get("finish_reason") or ""))
+
+    def _generate(self, request, sender) -> None:
+        rows, batch = self._rows(request)
         client = ClientRequest(request.request_id(), sender, remaining=sum(r.n for r in rows),
                                timeout_us=timeout_us(request))  # the engine enforces it (llm's request.timeout())
         flights = []
@@ -196,12 +206,11 @@ class EnsemblePipeline:
                     break
                 if not (client.cancelled or client.done):  # else nobody listens: read to the end
                     try:
-                        tensors = steps.postprocess(self.post_model, frame) + steps.extra_outputs(r, frame, batched)
+                        response = self._frame_response(client, r, frame, batched)
                     except StepError as e:
                         self._fail(client, str(e), e.code)
                     else:
-                        reason = str(frame.get("finish_reason") or "")
-                        client.send(ensemble_response(tensors, reason), ends_sequence=bool(frame.get("seq_finished")))
+                        client.send(response, ends_sequence=bool(frame.get("seq_finished")))
                 if frame.get("finished"):
                     break
         except ChannelUnavailable as e:

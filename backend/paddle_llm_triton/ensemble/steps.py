@@ -8,6 +8,8 @@ this engine does not support; the pipeline ends the client's request with it.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from paddle_llm_triton.engine_channel import protocol
@@ -21,6 +23,8 @@ PRE_INPUTS = ("text_input", "max_tokens", "stream", "stop_words", "bad_words", "
               "guided_decoding_guide_type", "guided_decoding_guide", "reasoning_max_tokens", "thinking_token_budget")
 PRE_OUTPUTS = ["INPUT_IDS", "SAMPLING_PARAMETERS", "STREAM", "EXCLUDE_INPUT_IN_OUTPUT", "RETURN_LOG_PROBS"]
 POST_OUTPUTS = ["text_output", "cum_log_probs", "output_log_probs"]
+# an InvalidRequestError's text: "<input or input.key>: why" (a crash's text names the model instead)
+_INPUT_ERROR = re.compile(r"^[a-z_][a-z0-9_.]*: ")
 
 # TensorRT-LLM ensemble inputs declared so that its clients are not refused by Triton, for features
 # this engine does not have: sending one (non-empty, or true for a flag) is INVALID_ARG saying so.
@@ -65,7 +69,14 @@ def preprocess(model: str, index: int, row: dict) -> Row:
     `model` (a BLS call) -> its Row. Raises StepError with preprocessing's error."""
     pb = _pb()
     inputs = [pb.Tensor(n, v) for n, v in row.items() if n in PRE_INPUTS]
-    pre = exec_step(pb.InferenceRequest(model_name=model, inputs=inputs, requested_output_names=PRE_OUTPUTS))
+    try:
+        pre = exec_step(pb.InferenceRequest(model_name=model, inputs=inputs, requested_output_names=PRE_OUTPUTS))
+    except StepError as e:
+        # preprocessing answers only a bad input with an error response (INVALID_ARG, "<input>: why");
+        # Triton 2.51 hands a BLS caller every error response as INTERNAL, so the code is restored here
+        if e.code == pb.TritonError.INTERNAL and _INPUT_ERROR.match(str(e)):
+            raise StepError(str(e), pb.TritonError.INVALID_ARG) from None
+        raise
     n = row.get("num_return_sequences")  # validated by preprocessing
 
     def flag(name):
