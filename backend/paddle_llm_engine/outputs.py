@@ -32,6 +32,7 @@ class RequestOutput:
     fresh, copies on write included), num_reused_blocks (blocks found in the prefix cache),
     num_cached_tokens (prompt tokens of sequence 0 found in the prefix cache when it was first
     scheduled: OpenAI's usage.prompt_tokens_details.cached_tokens).
+    num_sequences / max_tokens: the request's n and resolved max_tokens (vLLM's request_params_*).
     """
 
     request_id: str
@@ -62,6 +63,8 @@ class RequestOutput:
     reasoning_text: str | None = None
     content_text: str | None = None
     num_reasoning_tokens: int = 0
+    num_sequences: int = 1        # the request's params.n
+    max_tokens: int | None = None  # the request's resolved max_tokens
 
     def __post_init__(self):
         if self.finished:

@@ -141,4 +141,5 @@ class RequestState:
             num_cached_tokens=seqs[0].num_cached_tokens or 0,
             num_reused_blocks=sum(x.num_reused_blocks for x in seqs),
             reasoning_text=reasoning, content_text=content,
-            num_reasoning_tokens=thinking.num_reasoning if thinking is not None else 0)
+            num_reasoning_tokens=thinking.num_reasoning if thinking is not None else 0,
+            num_sequences=len(self.states), max_tokens=seq.max_tokens)

@@ -19,7 +19,7 @@ import pytest
 import requests
 import tritonclient.grpc as grpcclient
 
-from clients import _tensor, decode_str, is_final, llm_stream, sampling_json
+from clients import _tensor, decode_str, is_final, llm_stream, sampling_json, scrape_metrics
 from http_clients import http_generate, http_generate_stream
 from repo_edit import set_config_parameter
 
@@ -289,3 +289,46 @@ def test_default_max_tokens_16_applies_to_requests_without_max_tokens(vllm_defau
                       json={"text_input": VLLM_CI_PROMPT, "parameters": {"temperature": 0, "ignore_eos": True},
                             "return_num_output_tokens": True}, timeout=60).json()
     assert h["num_output_tokens"] == 16
+
+
+def _sampled(url, n, seed, stream):
+    sp = {"temperature": "1.0", "top_k": "20", "max_tokens": "12", "seed": str(seed), "n": str(n)}
+    return llm_stream(url, PROMPT, stream=stream, sampling_parameters=sp, exclude_input_in_output=True,
+                      return_finish_reason=True, return_num_output_tokens=True).raise_for_error()
+
+
+def test_n_2_answers_in_the_vllm_backend_form_and_counts_request_params_n(triton_server):
+    """n = 2 as the vLLM backend serves it: text_output and the per-sequence outputs carry 2 entries,
+    entry i for sequence i, which samples with seed + i (so it equals an n = 1 request with that seed);
+    non-streamed: one response; streamed: each response's deltas at their index. The vLLM backend's
+    metrics test reads vllm:request_params_n after such a request."""
+    url, murl = triton_server.grpc_url, triton_server.metrics_url
+    before = scrape_metrics(murl)
+    alone = [_sampled(url, 1, 100 + i, False).text for i in range(2)]
+    r = _sampled(url, 2, 100, False)
+    assert len(r.responses) == 1
+    texts = [t.decode() for t in r.responses[0].as_numpy("text_output").tolist()]
+    assert texts == alone and texts[0] != texts[1]
+    assert r.responses[0].as_numpy("finish_reason").shape == (2,)
+    assert r.responses[0].as_numpy("num_output_tokens").tolist() == [12, 12]
+    s = _sampled(url, 2, 100, True)
+    joined = ["", ""]
+    for resp in s.responses:
+        out = resp.as_numpy("text_output").tolist()
+        assert len(out) == 2
+        for i in range(2):
+            joined[i] += out[i].decode()
+    assert joined == alone
+    # HTTP generate: one JSON answer with both texts
+    body = {"text_input": PROMPT, "parameters": {"stream": False, "temperature": 1.0, "top_k": 20, "max_tokens": 12,
+                                                 "seed": 100, "n": 2, "exclude_input_in_output": True}}
+    h = http_generate(triton_server.http_base, "llm", body)
+    assert h.status == 200 and h.body["text_output"] == alone, h.body
+    after = scrape_metrics(murl)
+    count = "vllm:request_params_n_count"
+    assert after.value(count) - before.value(count) == 5  # 2 alone, 3 with n = 2
+    assert after.value("vllm:request_params_n_sum") - before.value("vllm:request_params_n_sum") == 2 + 3 * 2
+    assert after.value("vllm:request_params_n_bucket", le="1") - before.value(
+        "vllm:request_params_n_bucket", le="1") == 2
+    assert after.value("vllm:request_params_max_tokens_sum") - before.value("vllm:request_params_max_tokens_sum") \
+        == 5 * 12

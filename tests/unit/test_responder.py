@@ -251,3 +251,53 @@ def test_an_error_after_queued_text_sends_the_text_first(pb):
     assert [resp.tensors["text_output"][0] for resp, _ in a.sent[:2]] == [b"w0 ", b"w1 "]
     assert a.sent[2][0].error.message == "engine failed" and a.sent[2][1] == 1
     r.shutdown()
+
+
+def seq_out(rid, i, text, ids, seq_finished=False, finished=False, reason=None, n_out=0, cum=0.0):
+    return RequestOutput(request_id=rid, text=text, token_ids=ids, finished=finished,
+                         finish_reason=reason if seq_finished else None, num_prompt_tokens=3,
+                         num_output_tokens=n_out, logprobs=[(-0.5, TopLogprobs([], rank=1))] * len(ids),
+                         cumulative_logprob=cum, sequence_index=i, sequence_finished=seq_finished,
+                         num_sequences=2)
+
+
+def test_n_2_non_streamed_is_one_response_with_both_answers_as_the_vllm_backend_sends(pb):
+    from paddle_llm_triton.llm.vllm_request import ResponseOptions
+
+    r, _ = make(pb)
+    s = Sender()
+    r.register("n2", s, ResponseOptions(stream=False, prompt_text="P:", return_finish_reason=True,
+                                        return_num_output_tokens=True, return_cumulative_logprob=True,
+                                        return_num_input_tokens=True, n=2))
+    r.push(seq_out("n2", 0, "a", [5]))
+    r.push(seq_out("n2", 1, "x", [7]))
+    r.push(seq_out("n2", 1, "y", [8], seq_finished=True, reason="stop", n_out=2, cum=-1.5))
+    r.push(seq_out("n2", 0, "b", [6], seq_finished=True, finished=True, reason="length", n_out=2, cum=-0.25))
+    assert s.done.wait(5)
+    r.shutdown()
+    assert len(s.sent) == 1 and s.sent[0][1] == 1  # exactly one response, FINAL (HTTP generate takes one)
+    t = s.sent[0][0].tensors
+    assert t["text_output"].tolist() == [b"P:ab", b"P:xy"]  # entry i: sequence i, each with the prompt
+    assert t["finish_reason"].tolist() == [b"length", b"stop"]
+    assert t["num_output_tokens"].tolist() == [2, 2] and t["num_input_tokens"].tolist() == [3]
+    assert t["cumulative_logprob"].tolist() == [-0.25, -1.5]
+
+
+def test_n_2_streamed_sends_each_sequence_delta_at_its_own_index(pb):
+    from paddle_llm_triton.llm.vllm_request import ResponseOptions
+
+    r, _ = make(pb, coalesce=False)
+    s = Sender()
+    r.register("s2", s, ResponseOptions(stream=True, return_finish_reason=True, n=2))
+    r.push(seq_out("s2", 0, "a", [5]))
+    r.push(seq_out("s2", 1, "x", [7], seq_finished=True, reason="stop", n_out=1))
+    r.push(seq_out("s2", 0, "b", [6], seq_finished=True, finished=True, reason="length", n_out=2))
+    assert s.done.wait(5)
+    r.shutdown()
+    texts = [resp.tensors["text_output"].tolist() for resp, _ in s.sent]
+    reasons = [resp.tensors["finish_reason"].tolist() for resp, _ in s.sent]
+    assert texts == [[b"a", b""], [b"", b"x"], [b"b", b""]]
+    assert reasons == [[b"None", b"None"], [b"None", b"stop"], [b"length", b"None"]]
+    assert [f for _, f in s.sent] == [0, 0, 1]
+    # concatenated per index, the client has each sequence's whole text
+    assert ["".join(x[i].decode() for x in texts) for i in range(2)] == ["ab", "x"]

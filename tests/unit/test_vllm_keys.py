@@ -62,7 +62,8 @@ def tensor(obj: dict) -> SamplingParams:
     ({"allowed_token_ids": [3, VOCAB + 1]}, "allowed_token_ids"),
     ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
     ({"truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
-    ({"n": 2}, "n"),
+    ({"n": 0}, "n"),
+    ({"n": 65}, "n"),
 ])
 def test_type_and_range_errors_name_sampling_parameters_key_on_both_paths(obj, key):
     e1 = error_of(tensor, obj)

@@ -128,7 +128,7 @@ _VLLM_KEYS = {
     "bad_words": (_to_str_list, "bad_words"),
     # extension: replaces the model's EOS ids (TensorRT-LLM's end_id); vLLM has no equivalent
     "end_id": (_to_int_list, "eos_token_ids"),
-    "n": (_must_be_one, None),
+    "n": (_to_int, "n"),  # 1..64 (the engine's rule); the vLLM backend's response form (vllm_request.py)
     "best_of": (_must_be_one, None),
     # guided decoding (contracts/guided.py): vLLM's GuidedDecodingParams under its old and new names
     "guided_decoding": (guided.from_vllm, "guide"),

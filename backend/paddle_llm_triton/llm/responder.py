@@ -53,6 +53,8 @@ class _Pending:
     # crashed tritonserver 2.51).
     closed: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # a non-streamed request of n > 1 sequences: their flushes until the last ends (one response)
+    parts: dict = field(default_factory=dict)
 
 
 _STOP = object()  # the queue's last item at shutdown
@@ -185,8 +187,14 @@ class Responder:
                 self._send(p, None, final=True)
             return
         flush = p.buffers.add(out, hold=hold and not out.finished)
-        if flush is not None:
-            self._send(p, p.opts.response(flush, out, self._decode_token), final=out.finished)
+        if flush is None:
+            return
+        if p.opts.n > 1 and not p.opts.stream:  # the vLLM backend: one response with all n answers
+            p.parts[out.sequence_index] = (flush, out)
+            if out.finished:
+                self._send(p, p.opts.response_n(p.parts, self._decode_token), final=True)
+            return
+        self._send(p, p.opts.response(flush, out, self._decode_token), final=out.finished)
 
     def _send(self, p: _Pending, resp, final: bool) -> None:
         import triton_python_backend_utils as pb_utils

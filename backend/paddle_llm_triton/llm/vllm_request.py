@@ -47,7 +47,8 @@ class ResponseOptions:
     one reasoning_output is "" and text_output the whole text), num_reasoning_tokens the sequence's
     tokens inside its thinking span (of this response when streaming, of the answer otherwise);
     return_num_cached_tokens: (an extension) num_cached_tokens, the prompt tokens found in the prefix
-    cache when the request was first scheduled (OpenAI's usage.prompt_tokens_details.cached_tokens)."""
+    cache when the request was first scheduled (OpenAI's usage.prompt_tokens_details.cached_tokens);
+    n: the request's sequences (response_n: each per-sequence output has n entries)."""
 
     stream: bool = False
     prompt_text: str | None = None
@@ -60,38 +61,59 @@ class ResponseOptions:
     return_cumulative_logprob: bool = False
     return_reasoning: bool = False
     return_num_cached_tokens: bool = False
+    n: int = 1
 
     def response(self, flush: Flush, out: RequestOutput, decode_token: Callable[[int, bool], str]):
         """The pb_utils.InferenceResponse of one flush of text (delta_buffer.py) from output `out`;
-        decode_token(id, skip_special_tokens) renders logprob entries."""
+        decode_token(id, skip_special_tokens) renders logprob entries. n > 1: see response_n."""
+        return self.response_n({out.sequence_index: (flush, out)}, decode_token)
+
+    def response_n(self, parts: dict[int, tuple[Flush, RequestOutput]], decode_token: Callable[[int, bool], str]):
+        """One response for the flushes of some of the request's n sequences, in the vLLM backend's
+        form: every per-sequence output is an array of n entries, entry i for sequence i (text_output
+        [n], finish_reason [n], num_output_tokens [n], cumulative_logprob [n], logprobs [n], and the
+        reasoning outputs); a sequence without a flush in this response has "" text, 0 tokens and
+        "None" as finish reason (a stream sends each sequence's deltas as they come; a non-streamed
+        request gets all n at the end). num_input_tokens / num_cached_tokens stay [1]."""
         import triton_python_backend_utils as pb_utils
 
-        text = flush.text
+        n = self.n
+        rows = [parts.get(i) for i in range(n)]
+        any_out = next(o for _, o in parts.values())
+
+        def arr(values, dtype):
+            return np.array(values, dtype=dtype)
+
+        def text_of(part):
+            if part is None:
+                return ""
+            flush = part[0]
+            return flush.content if self.return_reasoning and flush.content is not None else flush.text
+
+        tensors = [pb_utils.Tensor("text_output", arr([text_of(r).encode("utf-8") for r in rows], np.object_))]
         if self.return_reasoning:
-            if flush.content is not None:
-                text = flush.content
-            n_reasoning = flush.reasoning_tokens if self.stream else flush.num_reasoning_tokens
-            tensors = [pb_utils.Tensor("reasoning_output", np.array([(flush.reasoning or "").encode("utf-8")],
-                                                                    dtype=np.object_)),
-                       pb_utils.Tensor("num_reasoning_tokens", np.array([n_reasoning], dtype=np.uint32))]
-        else:
-            tensors = []
-        tensors.insert(0, pb_utils.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_)))
-        if self.return_finish_reason:
-            reason = out.finish_reason if out.sequence_finished else "None"  # vLLM: str(None) until the end
-            tensors.append(pb_utils.Tensor("finish_reason", np.array([reason.encode()], dtype=np.object_)))
+            tensors.append(pb_utils.Tensor("reasoning_output", arr(
+                [((r[0].reasoning or "") if r else "").encode("utf-8") for r in rows], np.object_)))
+            tensors.append(pb_utils.Tensor("num_reasoning_tokens", arr(
+                [(r[0].reasoning_tokens if self.stream else r[0].num_reasoning_tokens) if r else 0 for r in rows],
+                np.uint32)))
+        if self.return_finish_reason:  # vLLM: str(None) until the sequence ends
+            tensors.append(pb_utils.Tensor("finish_reason", arr(
+                [(r[1].finish_reason if r and r[1].sequence_finished else "None").encode() for r in rows], np.object_)))
         if self.return_num_input_tokens:
-            tensors.append(pb_utils.Tensor("num_input_tokens", np.array([out.num_prompt_tokens], dtype=np.uint32)))
+            tensors.append(pb_utils.Tensor("num_input_tokens", arr([any_out.num_prompt_tokens], np.uint32)))
         if self.return_num_cached_tokens:
-            tensors.append(pb_utils.Tensor("num_cached_tokens", np.array([out.num_cached_tokens], dtype=np.uint32)))
+            tensors.append(pb_utils.Tensor("num_cached_tokens", arr([any_out.num_cached_tokens], np.uint32)))
         if self.return_num_output_tokens:
-            n = out.num_output_tokens if not self.stream else len(flush.ids)
-            tensors.append(pb_utils.Tensor("num_output_tokens", np.array([n], dtype=np.uint32)))
+            tensors.append(pb_utils.Tensor("num_output_tokens", arr(
+                [(len(r[0].ids) if self.stream else r[1].num_output_tokens) if r else 0 for r in rows], np.uint32)))
         if self.return_cumulative_logprob:
-            tensors.append(pb_utils.Tensor("cumulative_logprob", np.array([out.cumulative_logprob], dtype=np.float32)))
+            tensors.append(pb_utils.Tensor("cumulative_logprob", arr(
+                [r[1].cumulative_logprob if r else 0.0 for r in rows], np.float32)))
         if self.return_logprobs:
-            body = b"null" if self.logprobs_null else json.dumps(self.logprob_entries(flush, decode_token)).encode()
-            tensors.append(pb_utils.Tensor("logprobs", np.array([body], dtype=np.object_)))
+            tensors.append(pb_utils.Tensor("logprobs", arr(
+                [b"null" if self.logprobs_null else json.dumps(self.logprob_entries(r[0], decode_token) if r else [])
+                 .encode() for r in rows], np.object_)))
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
     def logprob_entries(self, flush: Flush, decode_token: Callable[[int, bool], str]) -> list[dict]:
@@ -160,7 +182,7 @@ class VllmRequest:
             return_logprobs=want_lp, logprobs_null=want_lp and params.logprobs is None,
             skip_special_tokens=params.skip_special_tokens, return_cumulative_logprob=want_cum,
             return_reasoning=bool(flag("return_reasoning")),
-            return_num_cached_tokens=bool(flag("return_num_cached_tokens")))
+            return_num_cached_tokens=bool(flag("return_num_cached_tokens")), n=params.n)
         return cls(prompt_ids, params, options, timeout_seconds(request))
 
     def submit(self, loop: EngineLoop, request_id: str, on_output: Callable[[RequestOutput], None]) -> None:

@@ -63,6 +63,7 @@ class MetricSet:
         self.requests = {r: F() for r in FINISH_REASONS}
         self.running, self.waiting, self.kv_usage = F(), F(), F()
         self.ttft, self.itl, self.e2e, self.queue_time, self.prompt_len, self.gen_len = F(), F(), F(), F(), F(), F()
+        self.params_n, self.params_max_tokens = F(), F()  # vLLM only
         self.prefix_queries, self.prefix_hits = F(), F()
         # speculative decoding counters; per position: one fan per position seen, a metric in each
         # (family, labels) of _spec_pos_families (made when the engine first reports the positions)
@@ -222,6 +223,10 @@ class MetricSet:
             buckets=token_buckets)
         add(self.gen_len, "vllm:request_generation_tokens", "Number of generation tokens processed.", H,
             buckets=token_buckets)
+        add(self.params_n, "vllm:request_params_n", "Histogram of the n request parameter.", H,
+            buckets=[1, 2, 5, 10, 20])
+        add(self.params_max_tokens, "vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.",
+            H, buckets=token_buckets)
         assert sorted(made) == sorted(VLLM_NAMES), set(made) ^ set(VLLM_NAMES)
 
     def add_info(self, info: dict[str, str]) -> None:

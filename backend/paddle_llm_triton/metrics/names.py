@@ -43,6 +43,8 @@ VLLM_NAMES = {
     "vllm:request_queue_time_seconds": "histogram",
     "vllm:request_prompt_tokens": "histogram",
     "vllm:request_generation_tokens": "histogram",
+    "vllm:request_params_n": "histogram",
+    "vllm:request_params_max_tokens": "histogram",
     # speculative decoding (vLLM's spec-decode counters; 0 while speculative_method is "none")
     "vllm:spec_decode_num_drafts_total": "counter",
     "vllm:spec_decode_num_draft_tokens_total": "counter",

@@ -236,3 +236,6 @@ class LLMMetrics:
                 self.fans.e2e.observe(t - r.arrival)
                 self.fans.prompt_len.observe(out.num_prompt_tokens)
                 self.fans.gen_len.observe(out.num_output_tokens)
+                self.fans.params_n.observe(out.num_sequences)
+                if out.max_tokens is not None:
+                    self.fans.params_max_tokens.observe(out.max_tokens)
