@@ -71,8 +71,9 @@ def _parser(env) -> argparse.ArgumentParser:
     ap.add_argument("--backend-dir", default=str(DEFAULT_BACKEND_DIR),
                     help="tritonserver's --backend-directory (the Python backend scripts/setup.sh assembles)")
     ap.add_argument("--log-file", default=None, help="server output to this file instead of stdout")
-    ap.add_argument("--exit-timeout-secs", type=int, default=5,
-                    help="tritonserver's --exit-timeout-secs: how long it waits for models to unload at exit")
+    ap.add_argument("--exit-timeout-secs", type=int, default=10,
+                    help="tritonserver's --exit-timeout-secs: how long it waits for models to unload at exit "
+                         "(the readiness gate's load ends after the SIGTERM and its unload takes 2-4 s)")
     ap.add_argument("--kill-after", type=float, default=float(env.get("TRITON_KILL_AFTER", 15)),
                     help="seconds after SIGTERM before the watchdog SIGKILLs server and stubs")
     ap.add_argument("--no-supervise", action="store_true",

@@ -17,7 +17,7 @@ finish, then let tritonserver exit by itself with code 0.
    end their remaining requests with an error saying the server shut down;
 4. every model is unloaded (idle now: each unload completes at once), tritonserver gets SIGTERM and
    then the gate's pending load is let end (handle.stop()): with nothing loaded and no stream open it exits 0 within
-   about 2 s (measured). When Triton keeps a model although every request finished, it exits 1
+   about 4 s (measured on 2 idle cores). When Triton keeps a model although every request finished, it exits 1
    after its exit timeout; the launcher still reports a clean drain (`clean_despite_exit_code`).
 """
 
