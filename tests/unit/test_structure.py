@@ -161,7 +161,7 @@ def test_the_cycle_check_finds_a_cycle():
 # ---- the Triton adapter by role (issue "Structure III") ---------------------------------------------
 ADAPTER = ROOT / "backend" / "paddle_llm_triton"
 LAUNCHER = ROOT / "backend" / "paddle_llm_launcher"
-ADAPTER_ROOMS = {"llm", "ensemble", "engine_channel", "lifecycle", "contracts", "metrics"}
+ADAPTER_ROOMS = {"llm", "ensemble", "llmapi", "engine_channel", "lifecycle", "contracts", "metrics"}
 ADAPTER_ROOT_MODULES = {"__init__", "config_params", "tensors", "errors"}  # shared by several rooms
 MAX_FILE_LINES = 400
 
@@ -210,9 +210,11 @@ def test_the_launcher_reads_only_what_it_shares_with_the_adapter():
 
 
 def test_the_request_rooms_do_not_import_each_other_and_lifecycle_imports_no_room():
-    """llm/ and ensemble/ meet only on the engine channel's protocol; lifecycle/ stands alone (the
-    launcher imports it)."""
-    for room, other in (("llm", "ensemble"), ("ensemble", "llm")):
+    """llm/ and ensemble/ meet only on the engine channel's protocol; llmapi/ builds on ensemble/ (its
+    pipeline), never on llm/, and ensemble/ knows nothing of it; lifecycle/ stands alone (the launcher
+    imports it)."""
+    for room, other in (("llm", "ensemble"), ("ensemble", "llm"), ("llm", "llmapi"), ("llmapi", "llm"),
+                        ("ensemble", "llmapi")):
         bad = {f: ms for f, ms in _room_imports(ADAPTER / room, f"paddle_llm_triton.{other}").items() if ms}
         assert not bad, bad
     bad = {f: ms for f, ms in _room_imports(ADAPTER / "lifecycle", "paddle_llm_triton").items() if ms}
