@@ -9,6 +9,7 @@ import threading
 import time
 
 from clients import ensemble_inputs, llm_inputs  # tests/support
+from llmapi_requests import _inputs as llmapi_inputs
 from streams import Stream, StreamTimeout, final
 
 BUSY_WORDS = ("max_num_waiting", "max_waiting_requests")  # a refusal at the waiting limit: alive
@@ -26,8 +27,12 @@ class Probe:
 
 def probe_once(grpc_url: str, model: str, timeout: float) -> Probe:
     """Send one max_tokens-1 request to model on a new gRPC stream; never raises, bounded by timeout seconds."""
-    inputs = (ensemble_inputs("Hi", max_tokens=1, stream=True) if model == "ensemble"
-              else llm_inputs("Hi", True, '{"max_tokens": 1}'))
+    if model == "ensemble":
+        inputs = ensemble_inputs("Hi", max_tokens=1, stream=True)
+    elif model == "tensorrt_llm":  # the llmapi contract (not decoupled: one response on the stream)
+        inputs = llmapi_inputs("Hi", 1)
+    else:
+        inputs = llm_inputs("Hi", True, '{"max_tokens": 1}')
     t0 = time.monotonic()
     try:
         s = Stream(grpc_url)

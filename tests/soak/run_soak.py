@@ -155,7 +155,7 @@ class Soak:
         self.repo = repo_copy.prepare(self.out, tiny, max_waiting=a.max_waiting, max_num_seqs=a.max_num_seqs,
                                       tp="tp" in a.fault_kinds)
         engines = ["llm"] + ([self.repo.tp_model] if self.repo.tp_model else [])
-        probed = ["llm", "ensemble"] + ([self.repo.tp_model] if self.repo.tp_model else [])
+        probed = ["llm", "ensemble", "tensorrt_llm"] + ([self.repo.tp_model] if self.repo.tp_model else [])
         self.rec.event("note", f"repository copy {self.repo.path} ({self.repo.waiting_key} {a.max_waiting}, "
                                f"max_num_seqs {a.max_num_seqs}, tp model {self.repo.tp_model})")
         watchdog = threading.Timer(a.minutes * 60 + a.ready_timeout * 3 + 900, self._overrun)

@@ -15,6 +15,7 @@ from functools import partial
 import bad_inputs
 import grpc_requests as G
 import http_requests as H
+import llmapi_requests as L
 import openai_requests as O
 from checks import UNREACHABLE as _UNREACHABLE
 from records import Outcome, Recorder
@@ -49,6 +50,9 @@ def mix(name: str = "full") -> list[Kind]:
         Kind("http_bad_input", 1, bad_inputs.http_bad, (None,)),
         Kind("grpc_n2", 1.5, partial(G.complete, n=2), ("ensemble",)),
         Kind("grpc_guided", 1.5, partial(G.complete, guided=True), both),
+        # TensorRT-LLM's llmapi model (tensorrt_llm) on the same engine
+        Kind("llmapi_unary", 1.5, L.unary, ("tensorrt_llm",)),
+        Kind("llmapi_stop", 0.5, L.stop, ("tensorrt_llm",)),
         Kind("http_guided", 0.5, partial(H.generate, guided=True), both),
         # the OpenAI frontend beside Triton (behind an API key) and who may call what
         Kind("openai_chat", 2, O.chat, ("llm",)),

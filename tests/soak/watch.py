@@ -14,8 +14,9 @@ import time
 from records import Recorder
 
 # what a dead part takes down with it (ensemble calls preprocessing, llm and postprocessing)
-DEPENDANTS = {"llm": ["llm", "ensemble"], "preprocessing": ["preprocessing", "ensemble"],
-              "postprocessing": ["postprocessing", "ensemble"], "ensemble": ["ensemble"]}
+DEPENDANTS = {"llm": ["llm", "ensemble", "tensorrt_llm"], "preprocessing": ["preprocessing", "ensemble", "tensorrt_llm"],
+              "postprocessing": ["postprocessing", "ensemble"], "ensemble": ["ensemble"],
+              "tensorrt_llm": ["tensorrt_llm"]}
 STUB_EXIT_GRACE_S = 3.0  # a stub exit this close to tritonserver's own exit is part of the server's
 
 
