@@ -35,7 +35,7 @@ GRPC_CASES = [
     ("llm", "top_p", lambda: _llm(sp={"top_p": 2})),
     ("llm", "temperature", lambda: _llm(sp={"temperature": -1})),
     ("llm", "bogus_knob", lambda: _llm(sp={"bogus_knob": 1})),
-    ("llm", "sampling_parameters.n", lambda: _llm(sp={"n": 2})),
+    ("llm", "sampling_parameters.n", lambda: _llm(sp={"n": 65})),  # 1..64 are served
     ("llm", "sampling_parameters", lambda: _llm(raw="{not json")),
     ("llm", "stream", lambda: _replace(_llm(), "stream", "INT32", np.array([1], dtype=np.int32), [1])),
     ("ensemble", "text_input", lambda: ensemble_inputs("", max_tokens=4, stream=True)),
