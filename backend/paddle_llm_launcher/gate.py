@@ -87,6 +87,7 @@ class ReadinessGate:
         self._closes = 0
         self._turn = 0
         self._current: str | None = None  # the gate loaded (or loading) last
+        self._thread: threading.Thread | None = None  # its load (a gRPC call that returns when it ends)
 
     def close(self) -> None:
         with self._lock:
@@ -97,7 +98,8 @@ class ReadinessGate:
             self._turn += 1
             previous, self._current = self._current, name
             (self.flags / f"{name}.closed").touch()
-            threading.Thread(target=self._load, args=(name,), name=f"gate-{name}", daemon=True).start()
+            self._thread = threading.Thread(target=self._load, args=(name,), name=f"gate-{name}", daemon=True)
+            self._thread.start()
         self._wait_loading(name)
         if previous is not None:
             try:
@@ -128,6 +130,23 @@ class ReadinessGate:
         log(f"launch_triton: the readiness gate {name} did not open within 60 s (state {state}); "
             f"readiness stays false")
         return False
+
+    def finish(self, timeout: float = 5.0) -> bool:
+        """After shut(): wait (at most `timeout` s) for the pending load to end, then unload that gate
+        over gRPC, which Triton still serves while its HTTP endpoint waits for client connections to
+        close at exit. Without this a gate loaded after the SIGTERM stayed live through that wait (a
+        load balancer's keep-alive connections hold it for the whole exit timeout) and Triton exited 1.
+        Returns True when the unload was sent."""
+        thread, name = self._thread, self._current
+        if thread is not None:
+            thread.join(timeout)
+        if name is None or (thread is not None and thread.is_alive()):
+            return False
+        try:
+            self.repo.unload(name, timeout=timeout)
+            return True
+        except (RepositoryError, OSError):
+            return False
 
     def shut(self) -> None:
         """Let a pending close end (call it only after tritonserver got SIGTERM: the gate's load then

@@ -178,6 +178,7 @@ class TritonServer:
                     pass
                 if self.gate is not None:
                     self.gate.shut()  # only now: the server answers not ready from its SIGTERM on
+                    self.gate.finish()  # and unload it while Triton still takes gRPC calls
                 deadline = time.monotonic() + kill_after
                 while self.proc.poll() is None and time.monotonic() < deadline:
                     self.remember_stubs()

@@ -60,16 +60,23 @@ class RepositoryClient:
         if self.grpc_url is None:
             self._post(f"/v2/repository/models/{model}/load", timeout=timeout)
             return
+        self._grpc(lambda c: c.load_model(model, headers=self.grpc_headers, client_timeout=timeout))
+
+    def unload(self, model: str, timeout: float = 30.0) -> None:
+        """Unload (returns at once: the model is UNLOADING). Raises RepositoryError with Triton's reason."""
+        if self.grpc_url is None:
+            self._post(f"/v2/repository/models/{model}/unload", timeout=timeout)
+            return
+        self._grpc(lambda c: c.unload_model(model, headers=self.grpc_headers, client_timeout=timeout))
+
+    def _grpc(self, call) -> None:
         import tritonclient.grpc as grpcclient
         from tritonclient.utils import InferenceServerException
 
         client = grpcclient.InferenceServerClient(self.grpc_url)
         try:
-            client.load_model(model, headers=self.grpc_headers, client_timeout=timeout)
+            call(client)
         except InferenceServerException as e:
             raise RepositoryError(e.message() or str(e)) from None
         finally:
             client.close()
-
-    def unload(self, model: str, timeout: float = 30.0) -> None:
-        self._post(f"/v2/repository/models/{model}/unload", timeout=timeout)
