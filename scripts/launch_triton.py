@@ -168,8 +168,10 @@ def _stop(args, server, frontend, stop_signal: list, ready_reported: bool) -> in
             f"(starting with E, e.g. a model that failed to load) in {where}")
     if stop_signal:  # asked to stop: success only if the server shut down by itself and lost nothing
         if clean_despite_exit_code(drained, code, server.killed):
-            say(f"launch_triton: every request finished; tritonserver's exit code {code} only says it did not "
-                f"unload {', '.join(drained['stuck'])} before its exit timeout (held inside Triton): exit 0")
+            how = "was killed after it" if server.killed else f"exited with code {code}"
+            say(f"launch_triton: every request finished; tritonserver {how} only because it did not unload "
+                f"{', '.join(drained['stuck'])} before its exit timeout (held inside Triton, e.g. by a client's "
+                f"gRPC stream left open): exit 0")
             return 0
         return 0 if code == 0 and not server.killed else 1
     return code if code >= 0 else 128 - code

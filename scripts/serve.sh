@@ -36,7 +36,7 @@
 # interpreter's lib dir first on LD_LIBRARY_PATH; PADDLE_LLM_MODEL_DIR from --model-dir), the backend
 # directory build/triton_backends (made by scripts/setup.sh), start-up time until /v2/health/ready, and
 # supervision (a model whose stub dies or whose engine fails is reloaded; docs/operations/reliability.md), and
-# on Ctrl-C / SIGTERM the drain, then SIGTERM to tritonserver (--exit-timeout-secs 5), then after TRITON_KILL_AFTER
+# on Ctrl-C / SIGTERM the drain, then SIGTERM to tritonserver (--exit-timeout-secs 10), then after TRITON_KILL_AFTER
 # seconds SIGKILL of the server and its stubs and removal of the shm regions it owned.
 set -euo pipefail
 
@@ -61,7 +61,7 @@ exec "$PY" "$ROOT/scripts/launch_triton.py" \
   --grpc-port "${GRPC_PORT:-8001}" \
   --metrics-port "${METRICS_PORT:-8002}" \
   --openai-port "${OPENAI_PORT:-9000}" \
-  --exit-timeout-secs 5 \
+  --exit-timeout-secs 10 \
   --kill-after "${TRITON_KILL_AFTER:-15}" \
   --drain-grace "${DRAIN_GRACE_S:-30}" \
   -- "$@"

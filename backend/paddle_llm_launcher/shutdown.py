@@ -106,6 +106,8 @@ def clean_despite_exit_code(summary: dict | None, code: int, killed: bool) -> bo
     (none left, no response sender without its FINAL) and the only trouble was a model Triton did
     not finish unloading (Triton 2.51 then exits 1 after --exit-timeout-secs: "Exit timeout
     expired" with "0 in-flight inferences"; what keeps such a model is inside Triton, seen after
-    long soaks with many cancelled and disconnected clients)."""
-    return (summary is not None and code > 0 and not killed and summary.get("left") == 0
+    long soaks with many cancelled and disconnected clients). That includes a tritonserver the
+    launcher had to kill: a client that keeps its gRPC stream open after its last answer holds the
+    model and then Triton's exit past its timeout (a new user's check), and nothing of it is lost."""
+    return (summary is not None and code != 0 and summary.get("left") == 0
             and not summary.get("open_responses") and bool(summary.get("stuck")))

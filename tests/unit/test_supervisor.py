@@ -252,10 +252,14 @@ def test_a_drain_that_lost_nothing_is_clean_whatever_tritonserver_exits_with():
 
     clean = {"left": 0, "open_responses": {}, "stuck": ["ensemble"]}
     assert clean_despite_exit_code(clean, 1, killed=False)
-    # a request still in flight, a response without its FINAL, a killed server, no drain: not clean
+    # killed after its exit timeout because a client's open gRPC stream held a model: nothing lost
+    assert clean_despite_exit_code({**clean, "stuck": ["llm"]}, -9, killed=True)
+    # a request still in flight, a response without its FINAL, a killed server with nothing stuck, no drain
     assert not clean_despite_exit_code({**clean, "left": 2}, 1, killed=False)
     assert not clean_despite_exit_code({**clean, "open_responses": {"llm/llm_0_0": {"llm": 1}}}, 1, killed=False)
-    assert not clean_despite_exit_code(clean, -9, killed=True)
+    assert not clean_despite_exit_code({**clean, "left": 1}, -9, killed=True)
+    assert not clean_despite_exit_code({**clean, "stuck": []}, -9, killed=True)
+    assert not clean_despite_exit_code(clean, 0, killed=False)
     assert not clean_despite_exit_code(None, 1, killed=False)
     # exit 1 with every model unloaded is some other failure of tritonserver's
     assert not clean_despite_exit_code({**clean, "stuck": []}, 1, killed=False)
