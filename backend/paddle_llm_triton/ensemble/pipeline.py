@@ -93,6 +93,17 @@ class EnsemblePipeline:
             self._in_flight += 1
         threading.Thread(target=self._run, args=(request,), name="ensemble-request", daemon=True).start()
 
+    def attach_lifecycle(self, model_name: str, instance_name: str):
+        """The launcher's drain for this model instance (refuse new requests, let those in flight
+        finish) and its control bus; returns the ControlBus, which the model closes in finalize()."""
+        from paddle_llm_triton.engine_channel.control_bus import ControlBus
+        from paddle_llm_triton.lifecycle.drain import Drain
+
+        drain = Drain(model_name, instance_name, lambda: max(self.in_flight, self.senders.open),
+                      open_responses=self.senders.open_by_kind)
+        self.drain = drain
+        return ControlBus(model_name, instance_name, {"drain": drain.on_drain, "status": drain.status})
+
     @property
     def in_flight(self) -> int:
         """Client requests not answered to their final response yet."""

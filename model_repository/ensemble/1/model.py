@@ -9,8 +9,6 @@ import json
 
 import triton_python_backend_utils as pb_utils
 
-from paddle_llm_triton.engine_channel.control_bus import ControlBus
-from paddle_llm_triton.lifecycle.drain import Drain
 from paddle_llm_triton.ensemble.pipeline import EnsemblePipeline
 
 
@@ -32,12 +30,7 @@ class TritonPythonModel:
         self.pipeline = EnsemblePipeline(name=args["model_name"], coalesce=coalesce == "true", **steps)
         # the launcher's drain: refuse new requests, let those in flight finish (their engine
         # requests are ended by the llm instances' own drain at the deadline)
-        drain = Drain(args["model_name"], args["model_instance_name"],
-                      lambda: max(self.pipeline.in_flight, self.pipeline.senders.open),
-                      open_responses=self.pipeline.senders.open_by_kind)
-        self.pipeline.drain = drain
-        self.control = ControlBus(args["model_name"], args["model_instance_name"],
-                                  {"drain": drain.on_drain, "status": drain.status})
+        self.control = self.pipeline.attach_lifecycle(args["model_name"], args["model_instance_name"])
 
     def execute(self, requests):
         for request in requests:

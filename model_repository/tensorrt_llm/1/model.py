@@ -8,8 +8,6 @@ import json
 
 import triton_python_backend_utils as pb_utils
 
-from paddle_llm_triton.engine_channel.control_bus import ControlBus
-from paddle_llm_triton.lifecycle.drain import Drain
 from paddle_llm_triton.llmapi.pipeline import LLMAPIPipeline
 
 
@@ -23,12 +21,7 @@ class TritonPythonModel:
         steps = {k: params[k] for k in ("preprocessing", "llm") if params.get(k)}
         decoupled = pb_utils.using_decoupled_model_transaction_policy(cfg)
         self.pipeline = LLMAPIPipeline(name=args["model_name"], decoupled=decoupled, **steps)
-        drain = Drain(args["model_name"], args["model_instance_name"],
-                      lambda: max(self.pipeline.in_flight, self.pipeline.senders.open),
-                      open_responses=self.pipeline.senders.open_by_kind)
-        self.pipeline.drain = drain
-        self.control = ControlBus(args["model_name"], args["model_instance_name"],
-                                  {"drain": drain.on_drain, "status": drain.status})
+        self.control = self.pipeline.attach_lifecycle(args["model_name"], args["model_instance_name"])
 
     def execute(self, requests):
         for request in requests:
