@@ -79,11 +79,11 @@ def bench_norm(batches, repeats, fused_ok: bool):
 
 
 def bench_threading(repeats):
-    print("\n== threads for small ops: OpenMP fork/join on the kernels' runtime, and ops forced onto "
+    print("\n== threads for small ops: fork/join on the kernels' thread pool, and ops forced onto "
           f"{ck.get_num_threads()} threads ('always') vs one thread ('never') vs the thresholds ('auto')")
     n = ck.get_num_threads()
     for idle in (0, 20, 1000):
-        print(f"empty parallel region of {n} threads after {idle} us serial work: "
+        print(f"empty pool job of {n} threads after {idle} us serial work: "
               f"{min(probes.fork_join_probe(2000 if idle < 100 else 200, n, idle) for _ in range(3)):.2f} us")
     rng = np.random.default_rng(6)
     table = RotaryTable(HEAD_DIM, 4096, 100000.0)

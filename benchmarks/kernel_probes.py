@@ -1,5 +1,6 @@
 """Benchmark-only entry points of the C++ CPU kernel library (paddle_llm_ops.cpu_kernels): a read
-bandwidth probe, an OpenMP fork/join timer and the threading policy switch. They live here, not in
+bandwidth probe, a fork/join timer of the kernels' thread pool, the threading policy switch and the
+switch back to OpenMP regions (the A/B of benchmarks/bench_threads.py). They live here, not in
 the product module, because only benchmarks/bench_kernels.py calls them."""
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ def _lib() -> ctypes.CDLL:
     lib.plk_read_probe.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int]
     lib.plk_read_probe.restype = ctypes.c_int
     lib.plk_set_threading_policy.argtypes = [ctypes.c_int]
+    lib.plk_set_openmp_jobs.argtypes = [ctypes.c_int]
     lib.plk_fork_join_probe.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
     lib.plk_fork_join_probe.restype = ctypes.c_double
     return lib
@@ -32,9 +34,15 @@ def set_threading_policy(policy: str) -> None:
     _lib().plk_set_threading_policy(_POLICIES[policy])
 
 
+def set_openmp_jobs(on: bool) -> None:
+    """True: the kernels' parallel ops run as OpenMP regions (one contiguous range per thread and a
+    join barrier: the form before the pool); False (default): on the pool."""
+    _lib().plk_set_openmp_jobs(int(bool(on)))
+
+
 def fork_join_probe(iters: int, threads: int, idle_us: int = 0) -> float:
-    """Mean microseconds of an empty OpenMP region of `threads` threads on the kernels' OpenMP
-    runtime, each region after `idle_us` of serial work on the calling thread."""
+    """Mean microseconds of an empty job of `threads` chunks on the kernels' thread pool, each job
+    after `idle_us` of serial work on the calling thread (long idles: the workers' wake-up)."""
     return float(_lib().plk_fork_join_probe(int(iters), int(threads), int(idle_us)))
 
 

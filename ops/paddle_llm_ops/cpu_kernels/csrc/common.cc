@@ -11,6 +11,20 @@ namespace plk {
 namespace {
 std::atomic<int> g_threads{0};
 std::atomic<int> g_policy{0};
+std::atomic<int> g_openmp{0};
+
+// The OpenMP form of a job (benchmarks only: the A/B against the pool): contiguous ranges of the
+// same chunks, one per thread, in one region with its join barrier.
+void openmp_run(RangeFn fn, void* ctx, int64_t n, int64_t chunk, int64_t chunks, int threads) {
+  const int t = static_cast<int>(std::min<int64_t>(threads, chunks));
+#pragma omp parallel num_threads(t)
+  {
+    const int id = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int64_t c0 = chunks * id / nt, c1 = chunks * (id + 1) / nt;
+    const int64_t b = c0 * chunk, e = std::min(n, c1 * chunk);
+    if (b < e) fn(ctx, b, e);
+  }
+}
 
 int affinity_cpus() {
   cpu_set_t set;
@@ -45,6 +59,8 @@ void set_num_threads(int n) { g_threads.store(n < 1 ? 0 : n, std::memory_order_r
 
 void set_threading_policy(int policy) { g_policy.store(policy, std::memory_order_relaxed); }
 
+void set_openmp_jobs(bool on) { g_openmp.store(on ? 1 : 0, std::memory_order_relaxed); }
+
 int threads_for(int64_t work, int64_t threshold) {
   const int policy = g_policy.load(std::memory_order_relaxed);
   if (policy == 1) return num_threads();
@@ -55,41 +71,44 @@ int threads_for(int64_t work, int64_t threshold) {
   return static_cast<int>(std::min<int64_t>(t, num_threads()));
 }
 
+// Chunks per thread a range is cut into: enough that a thread that loses its core for a moment
+// leaves its share to the others, few enough that each chunk is still one long weight stream for the
+// prefetcher (a GEMV chunk of SmolLM2's smallest matrix is 4 rows x 576 int8).
+// Measured on SmolLM2 wint8 decode (2 threads, quiet): 1, 2, 4 and 8 chunks per thread within noise
+// of each other and of the OpenMP split; beside a busy process 4 kept 0.69x of the quiet rate where
+// OpenMP regions kept 0.12x (benchmarks/bench_threads.py).
+int chunks_per_thread() { return 4; }
+
 void parallel_ranges(int64_t n, int64_t grain, int threads, RangeFn fn, void* ctx) {
   if (n <= 0) return;
   if (grain < 1) grain = 1;
-  int64_t units = (n + grain - 1) / grain;
-  int t = static_cast<int>(std::min<int64_t>(std::max(threads, 1), units));
+  const int64_t units = (n + grain - 1) / grain;
+  const int t = static_cast<int>(std::min<int64_t>(std::max(threads, 1), units));
   if (t <= 1) {
     fn(ctx, 0, n);
     return;
   }
-#pragma omp parallel num_threads(t)
-  {
-    int id = omp_get_thread_num();
-    int nt = omp_get_num_threads();
-    int64_t u0 = units * id / nt, u1 = units * (id + 1) / nt;
-    int64_t b = u0 * grain, e = std::min(n, u1 * grain);
-    if (b < e) fn(ctx, b, e);
-  }
+  const int64_t want = std::min<int64_t>(units, static_cast<int64_t>(t) * chunks_per_thread());
+  const int64_t chunk = (units + want - 1) / want * grain;
+  const int64_t chunks = (n + chunk - 1) / chunk;
+  if (g_openmp.load(std::memory_order_relaxed))
+    openmp_run(fn, ctx, n, chunk, chunks, t);
+  else
+    pool_run(fn, ctx, n, chunk, chunks, t);
 }
 
 void parallel_tasks(int64_t ntasks, int threads, RangeFn fn, void* ctx) {
   if (ntasks <= 0) return;
-  int t = static_cast<int>(std::min<int64_t>(std::max(threads, 1), ntasks));
-  if (t <= 1) {
-    fn(ctx, 0, ntasks);
+  const int t = static_cast<int>(std::min<int64_t>(std::max(threads, 1), ntasks));
+  if (g_openmp.load(std::memory_order_relaxed) && t > 1) {
+    std::atomic<int64_t> next{0};
+#pragma omp parallel num_threads(t)
+    {
+      for (int64_t i = next.fetch_add(1); i < ntasks; i = next.fetch_add(1)) fn(ctx, i, i + 1);
+    }
     return;
   }
-  // A shared counter hands out the tasks (a plain parallel region: no OpenMP loop-scheduling
-  // entry points, which differ between libgomp and libiomp5's GOMP_* layer).
-  std::atomic<int64_t> next{0};
-#pragma omp parallel num_threads(t)
-  {
-    for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < ntasks;
-         i = next.fetch_add(1, std::memory_order_relaxed))
-      fn(ctx, i, i + 1);
-  }
+  pool_run(fn, ctx, ntasks, 1, ntasks, t);
 }
 
 }  // namespace plk
@@ -101,9 +120,15 @@ int plk_num_threads() { return plk::num_threads(); }
 int plk_cpu_has_avx2_fma() { return plk::cpu_has_avx2_fma() ? 1 : 0; }
 int plk_cpu_has_avx512_vnni() { return plk::cpu_has_avx512_vnni() ? 1 : 0; }
 void plk_set_threading_policy(int policy) { plk::set_threading_policy(policy); }
+// 1: parallel ops run as OpenMP regions (the pre-pool form), 0: on the pool (default). Benchmarks only.
+void plk_set_openmp_jobs(int on) { plk::set_openmp_jobs(on != 0); }
 
-// Mean microseconds of an empty OpenMP region of `threads` threads on the runtime the kernels use,
-// over `iters` regions, each after `idle_us` microseconds of idling on the calling thread.
+// Mean microseconds of an empty job of `threads` chunks on the kernels' pool (the caller's cost of
+// one parallel op beyond its work), over `iters` jobs, each after `idle_us` microseconds of idling on
+// the calling thread (long idles let the workers fall asleep: the cost of waking them).
+static void probe_chunk(void* ctx, int64_t b, int64_t) {
+  static_cast<volatile int*>(ctx)[(b & 63) * 16] += 1;
+}
 double plk_fork_join_probe(int iters, int threads, int idle_us) {
   static volatile int sink[64 * 16];
   double total = 0;
@@ -112,8 +137,7 @@ double plk_fork_join_probe(int iters, int threads, int idle_us) {
     while ((omp_get_wtime() - t0) * 1e6 < idle_us) {
     }
     double s = omp_get_wtime();
-#pragma omp parallel num_threads(threads)
-    { sink[(omp_get_thread_num() & 63) * 16] += 1; }
+    plk::pool_run(probe_chunk, const_cast<int*>(sink), threads, 1, threads, threads);
     total += omp_get_wtime() - s;
   }
   return total / iters * 1e6;

@@ -29,9 +29,10 @@ bool cpu_has_avx512_vnni();
 int num_threads();
 void set_num_threads(int n);
 
-// Runs fn(ctx, begin, end) over [0, n) split into at most `threads` contiguous ranges whose starts
-// are multiples of `grain` (the last range takes the rest). threads <= 1 or a single range: runs on
-// the calling thread, no OpenMP region.
+// Runs fn(ctx, begin, end) over [0, n) cut into chunks whose starts are multiples of `grain` (the
+// last chunk takes the rest), about chunks_per_thread() per thread, taken by the caller and up to
+// threads - 1 pool workers from a shared counter (thread_pool.cc). threads <= 1 or a single grain
+// unit: runs on the calling thread. Every element is in exactly one chunk.
 typedef void (*RangeFn)(void* ctx, int64_t begin, int64_t end);
 void parallel_ranges(int64_t n, int64_t grain, int threads, RangeFn fn, void* ctx);
 
@@ -39,11 +40,19 @@ void parallel_ranges(int64_t n, int64_t grain, int threads, RangeFn fn, void* ct
 // (ragged work such as attention over contexts of different lengths).
 void parallel_tasks(int64_t ntasks, int threads, RangeFn fn, void* ctx);
 
+// The pool itself: fn(ctx, i * chunk, min(n, (i + 1) * chunk)) for i < chunks on the caller and up
+// to threads - 1 workers; returns when all are done (thread_pool.cc).
+void pool_run(RangeFn fn, void* ctx, int64_t n, int64_t chunk, int64_t chunks, int threads);
+int chunks_per_thread();
+
 // Threads worth using for `work` bytes of memory traffic (or comparable work): 1 below twice the
 // threshold, else min(num_threads(), work / threshold). The policy (benchmarks only) overrides:
 // 0 = these thresholds, 1 = always num_threads(), 2 = always 1.
 int threads_for(int64_t work, int64_t threshold);
 void set_threading_policy(int policy);
+// Benchmarks only: run parallel ops as OpenMP regions (one contiguous range per thread, a join
+// barrier) instead of on the pool, for an A/B in one process.
+void set_openmp_jobs(bool on);
 
 // Software prefetch of a weight stream. A GEMV tile reads its R weight rows in lock-step: R short
 // streams (a 576-byte int8 row is 9 cache lines) that the hardware prefetchers do not run far enough
