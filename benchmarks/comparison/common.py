@@ -1,5 +1,5 @@
 """What every part of benchmarks/compare.py shares: paths, the systems' names and labels, the warm-up
-request, lazy access to sibling modules (benchmarks/, client_examples/, tests/e2e/), the environment
+request, lazy access to sibling modules (benchmarks/, client_examples/, tests/support/), the environment
 of child processes and the progress log on stderr."""
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def load_client():
 
 
 def repo_edit():
-    return _load("repo_edit", REPO_ROOT / "tests" / "e2e" / "repo_edit.py")
+    return _load("repo_edit", REPO_ROOT / "tests" / "support" / "repo_edit.py")
 
 
 def launcher():

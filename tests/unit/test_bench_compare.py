@@ -111,3 +111,14 @@ def test_build_report_names_the_host_and_the_ratios(monkeypatch):
     header = md.splitlines()[2]
     assert "ours offline / llama.cpp F32" in header and "ours Triton llm / ours offline" in header
     assert md.splitlines()[4].startswith("| 1 | 10.0 | 9.0 | 20.0 | 0.50x | 0.90x | 20% |")
+
+
+def test_every_module_the_comparison_loads_lazily_exists(monkeypatch):
+    """compare.py reaches sibling files only when a system runs (the Triton systems load the repo
+    editor of the test support): a moved file failed only in a full benchmark run, once."""
+    monkeypatch.syspath_prepend(str(REPO_ROOT / "benchmarks"))
+    common = importlib.import_module("comparison.common")
+    for name in ("bench_engine", "bench_engine_report", "gguf_export", "load_stats", "load_client", "repo_edit",
+                 "launcher"):
+        assert getattr(common, name)() is not None, name
+    assert callable(common.repo_edit().set_config_parameter)
