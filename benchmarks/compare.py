@@ -1,5 +1,5 @@
 """Side-by-side benchmark: our engine (offline, through Triton `llm`, through Triton `ensemble`, through
-the OpenAI frontend) and its peers (HF transformers, llama.cpp's server on F32 and Q8_0 GGUFs of the
+the OpenAI frontend) and its peers (HF transformers, llama.cpp's server on F32, Q8_0 (and the shipped Q4_1) GGUFs of the
 same weights), one command:
 
     .venv/bin/python benchmarks/compare.py [--quick] [--concurrency 1,8,32] [--max-tokens 128]

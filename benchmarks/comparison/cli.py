@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from comparison.common import LABELS, OURS, PEER_PINS, PLOT_PINS, REPO_ROOT, SYSTEMS, TRITON, bench_engine, log
-from comparison.measure import apply_limits, host_info, measure_bandwidth, wint8_bytes_estimate
+from comparison.measure import apply_limits, host_info, measure_bandwidth, wint4_bytes_estimate, wint8_bytes_estimate
 from comparison.ours import run_offline, run_triton
 from comparison.peers import ensure_peer_venv, run_hf, run_llamacpp
 from comparison.report import agreement_lines, build_report
@@ -128,6 +128,8 @@ def measure_host(args) -> tuple[dict, dict, dict]:
     weight_bytes = {"fp32": 4 * bench_engine().parameter_count(args.model_dir, tied)}
     if args.quantization == "wint8":
         weight_bytes["wint8"] = wint8_bytes_estimate(args.model_dir, tied)
+    if args.quantization == "wint4":
+        weight_bytes["wint4"] = wint4_bytes_estimate(args.model_dir, tied)
     log(f"read bandwidth {bw['bytes_per_s'] / 1e9:.1f} GB/s")
     return host, bw, weight_bytes
 
@@ -158,7 +160,7 @@ def run_systems(ctx, systems: list[str]) -> tuple[dict, dict, list[str]]:
         attempt(triton_models[0], lambda: run_triton(ctx, triton_models))
     if "hf" in systems:
         attempt("hf", lambda: run_hf(ctx))
-    for q in ("F32", "Q8_0"):
+    for q in ("F32", "Q8_0", "Q4_1"):
         if f"llamacpp-{q.lower()}" in systems:
             attempt(f"llamacpp-{q.lower()}", lambda q=q: run_llamacpp(ctx, q))
     return results, notes, triton_models
@@ -241,8 +243,9 @@ def main(argv=None, description: str = "") -> int:
         return 2
     host, bw, weight_bytes = measure_host(args)
     results, notes, triton_models = run_systems(ctx, systems)
-    if "llamacpp-q8_0" in results:
-        weight_bytes["q8_0"] = results["llamacpp-q8_0"]["tensor_bytes"]
+    for q in ("q8_0", "q4_1"):
+        if f"llamacpp-{q}" in results:
+            weight_bytes[q] = results[f"llamacpp-{q}"]["tensor_bytes"]
     limit = apply_limits(results, weight_bytes, bw["bytes_per_s"])
 
     summary = make_summary(ctx, host, bw, weight_bytes, limit, results, notes)

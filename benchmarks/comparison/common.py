@@ -20,12 +20,12 @@ PLOT_PINS = ["matplotlib==3.11.2"]  # only when .venv has no matplotlib
 WARMUP_QUESTION = "Say hello in one word."
 WARMUP_TOKENS = 4
 
-SYSTEMS = ("offline", "llm", "ensemble", "openai", "hf", "llamacpp-f32", "llamacpp-q8_0")
+SYSTEMS = ("offline", "llm", "ensemble", "openai", "hf", "llamacpp-f32", "llamacpp-q8_0", "llamacpp-q4_1")
 OURS = ("offline", "llm", "ensemble", "openai")
 TRITON = ("llm", "ensemble", "openai")  # run on one tritonserver (openai: the frontend beside it)
 LABELS = {"offline": "ours offline", "llm": "ours Triton llm", "ensemble": "ours Triton ensemble",
           "openai": "ours OpenAI", "hf": "HF transformers", "llamacpp-f32": "llama.cpp F32",
-          "llamacpp-q8_0": "llama.cpp Q8_0"}
+          "llamacpp-q8_0": "llama.cpp Q8_0", "llamacpp-q4_1": "llama.cpp Q4_1"}
 
 
 # --------------------------------------------------------------------------- sibling modules

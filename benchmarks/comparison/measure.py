@@ -61,6 +61,13 @@ def wint8_bytes_estimate(model_dir: Path, tied: bool) -> int:
                for s in bench_engine().tensor_shapes(model_dir, tied).values())
 
 
+def wint4_bytes_estimate(model_dir: Path, tied: bool, group: int = 64) -> int:
+    """Bytes per decode step if every 2-D weight were int4 (two per byte) with one fp32 scale per
+    `group` input channels (wint4's default group of 64) and the rest fp32."""
+    return sum(math.prod(s) // 2 + 4 * s[0] * math.ceil(s[1] / group) if len(s) == 2 else 4 * math.prod(s)
+               for s in bench_engine().tensor_shapes(model_dir, tied).values())
+
+
 def make_record(index: int, sent: float, times: list[float], tokens: list[int], final: float | None,
                 error: str | None = None, cut: bool = False):
     rec = load_stats().RequestRecord(index)
@@ -78,7 +85,12 @@ def apply_limits(results: dict, weight_bytes: dict, bytes_per_s: float) -> dict:
     per-sequence limits."""
     limit = {k: bytes_per_s / v for k, v in weight_bytes.items()}
     for s, r in results.items():
-        key = "q8_0" if s == "llamacpp-q8_0" else ("wint8" if s in OURS and "wint8" in limit else "fp32")
+        if s.startswith("llamacpp-") and s[len("llamacpp-"):] in limit:
+            key = s[len("llamacpp-"):]
+        elif s in OURS and ("wint8" in limit or "wint4" in limit):
+            key = "wint8" if "wint8" in limit else "wint4"
+        else:
+            key = "fp32"
         for c, lv in r["levels"].items():
             d = lv.get("decode_tokens_per_s")
             lv["limit_tokens_per_s"] = c * limit[key]

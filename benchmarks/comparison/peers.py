@@ -1,7 +1,7 @@
 """The peers of benchmarks/compare.py: HF transformers (benchmarks/hf_transformers_peer.py in
 build/ref-venv, static batches; its step clock gives per-token times) and llama.cpp's server
 (benchmarks/llamacpp_peer.py in build/peer-venv, which is made here on first use) on F32 and Q8_0
-GGUFs of the same weights. Each returns its levels' statistics (measure.summarize) and token ids."""
+GGUFs of the same weights and on the default model's shipped Q4_1 GGUF. Each returns its levels' statistics (measure.summarize) and token ids."""
 
 from __future__ import annotations
 

@@ -51,8 +51,9 @@ def _text_header(summary: dict, systems: list[str], label: dict) -> list[str]:
         f"per system; read bandwidth {bw['bytes_per_s'] / 1e9:.1f} GB/s ({bw['method']})",
         f"model: {summary['model']}, {summary['weight_bytes']['fp32'] / 1e6:.0f} MB fp32 read per decode step -> "
         f"limit {lim['fp32']:.1f} tok/s per sequence"
-        + (f" (Q8_0 {summary['weight_bytes']['q8_0'] / 1e6:.0f} MB -> {lim['q8_0']:.1f})" if "q8_0" in lim else "")
-        + (f" (wint8 estimate {summary['weight_bytes']['wint8'] / 1e6:.0f} MB -> {lim['wint8']:.1f})" if "wint8" in lim else ""),
+        + "".join(f" ({name} {summary['weight_bytes'][k] / 1e6:.0f} MB -> {lim[k]:.1f})"
+                  for k, name in (("q8_0", "Q8_0"), ("q4_1", "Q4_1"), ("wint8", "wint8 estimate"),
+                                  ("wint4", "wint4 estimate")) if k in lim),
         f"workload: greedy, {summary['max_tokens']} tokens per request (EOS ignored), {summary['requests_per_stream']} "
         f"request(s) per stream, prompts {summary['prompt_tokens_min']}-{summary['prompt_tokens_max']} tokens",
         "",
@@ -164,7 +165,7 @@ def agreement_lines(res: dict, conc: list[int], eos: list[int]) -> list[str]:
     be = bench_engine_report()
     out = []
     base = (res.get("offline") or {}).get("levels") or {}
-    for peer in ("hf", "llamacpp-f32", "llamacpp-q8_0"):
+    for peer in ("hf", "llamacpp-f32", "llamacpp-q8_0", "llamacpp-q4_1"):
         lv = (res.get(peer) or {}).get("levels") or {}
         for c in conc[:1]:
             if c in base and c in lv and base[c].get("token_ids") and lv[c].get("token_ids"):

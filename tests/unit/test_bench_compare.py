@@ -122,3 +122,16 @@ def test_every_module_the_comparison_loads_lazily_exists(monkeypatch):
                  "launcher"):
         assert getattr(common, name)() is not None, name
     assert callable(common.repo_edit().set_config_parameter)
+
+
+def test_each_system_is_held_to_the_limit_of_its_own_weight_format(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO_ROOT / "benchmarks"))
+    measure = importlib.import_module("comparison.measure")
+    lv = lambda: {1: {"decode_tokens_per_s": 50.0}}  # noqa: E731
+    results = {"offline": {"levels": lv()}, "llamacpp-q4_1": {"levels": lv()}, "llamacpp-f32": {"levels": lv()},
+               "hf": {"levels": lv()}}
+    limit = measure.apply_limits(results, {"fp32": 500.0, "wint4": 100.0, "q4_1": 125.0}, 1000.0)
+    assert limit == {"fp32": 2.0, "wint4": 10.0, "q4_1": 8.0}
+    assert results["offline"]["levels"][1]["of_limit"] == 5.0      # ours in wint4: the wint4 bytes
+    assert results["llamacpp-q4_1"]["levels"][1]["of_limit"] == 6.25  # the Q4_1 file's bytes
+    assert results["llamacpp-f32"]["levels"][1]["of_limit"] == 25.0 and results["hf"]["levels"][1]["of_limit"] == 25.0

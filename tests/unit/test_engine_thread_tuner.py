@@ -12,11 +12,11 @@ from test_engine_tiny import greedy, make_engine, prompt, run
 
 def test_tuner_attached_and_outputs_unchanged(tiny_model_dir):
     reqs = {f"r{i}": (prompt(6 + i, salt=i), greedy(12)) for i in range(3)}
-    fixed = make_engine(tiny_model_dir, adaptive_kernel_threads=0)
+    fixed = make_engine(tiny_model_dir)  # default 0, num_threads 2
     assert fixed.executor.worker.thread_tuner is None
     want = run(fixed, reqs)
     fixed.close()
-    tuned = make_engine(tiny_model_dir)  # default 1, num_threads 2
+    tuned = make_engine(tiny_model_dir, adaptive_kernel_threads=1)
     tuner = tuned.executor.worker.thread_tuner
     assert tuner is not None and tuner.threads == 2
     assert tuned.executor.worker.model.decode_stack.tuner is tuner
@@ -30,7 +30,7 @@ def test_tuner_attached_and_outputs_unchanged(tiny_model_dir):
 
 
 def test_no_tuner_on_one_thread(tiny_model_dir):
-    engine = make_engine(tiny_model_dir, num_threads=1)
+    engine = make_engine(tiny_model_dir, num_threads=1, adaptive_kernel_threads=1)
     assert engine.executor.worker.thread_tuner is None
     engine.close()
 

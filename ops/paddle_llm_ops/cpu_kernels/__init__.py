@@ -11,9 +11,11 @@ platform layer) decides from the CPU's flags; the library additionally refuses a
 cpuid lacks (the op raises), so an instruction the CPU lacks is never executed.
 
 Threads: only large ops (GEMV over big weights, attention over long contexts, long prefill rows)
-open an OpenMP region, on the OpenMP runtime the paddle wheel already uses (libiomp5: one team
-shared with MKL); small ops run on the calling thread. `set_num_threads` sets the count (default:
-the CPUs of the process's affinity mask).
+run on several threads, on the library's own pool (csrc/thread_pool.cc): the op is cut into about 4
+chunks per thread that the caller and the workers take from a shared counter, and the caller waits
+for the chunks to be done, not for the workers to arrive, so a worker that lost its core does not
+hold the op up. Idle workers poll for 50 us, then sleep. Small ops run on the calling thread.
+`set_num_threads` sets the count (default: the CPUs of the process's affinity mask).
 
 Errors: ops raise ValueError (Paddle's wrapped C++ error text) for a wrong dtype, shape, place, a
 non-contiguous tensor or an index outside the cache / rotary table; `load()` raises
