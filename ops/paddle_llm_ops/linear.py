@@ -10,15 +10,18 @@ kernel reads and returns a callable `lin(x [T, in]) -> [T, out]`:
   read per step; on the vector isas (avx512_vnni, avx2_fma) the activations are quantized to int8
   per row in each call and the C++ int8 x int8 GEMV runs (cpu_kernels.linear_w8a8), on "generic"
   the weight-only int8 GEMV with fp32 activations (cpu_kernels.linear_int8);
-- Int4Linear: weight-only int4 (symmetric, one fp32 scale per group of input channels or per output
-  channel), the C++ CPU int4 GEMV (cpu_kernels.linear_int4), an eighth of the fp32 bytes plus scales;
+- Int4Linear: int4 weights (symmetric, one fp32 scale per group of input channels or per output
+  channel), an eighth of the fp32 bytes plus scales; on AVX-512 VNNI the activations are quantized
+  to int8 per row and block of 32 in each call and the int4 x int8 GEMV runs
+  (cpu_kernels.linear_w4a8), elsewhere the weight-only int4 GEMV (cpu_kernels.linear_int4);
 - on a GCU, quantized linears are paddle_llm_ops.gcu.linear_quant.GcuQuantLinear (linear_quant_gcu).
 
 Every linear declares in_features / out_features and its `kind`, which names how its weights are
 stored, for code that reads them without calling the linear (the CPU decode stack):
 "composed" (weight [in, out] in the compute dtype), "fp32" (weight [out, in] fp32), "int8" and
 "w8a8" (qweight [out, in] int8, scale [out] fp32; w8a8 quantizes activations to int8 per call),
-"int4" (qweight [out, ceil(in/2)] uint8, scale [out, groups] fp32), "linear_quant_gcu".
+"int4" and "w4a8" (qweight [out, ceil(in/2)] uint8, scale [out, groups] fp32; w4a8 quantizes
+activations to int8 per call), "linear_quant_gcu".
 """
 
 from __future__ import annotations
@@ -124,25 +127,44 @@ def group_size_for(in_width: int, group_size: int) -> int:
 
 
 class Int4Linear:
-    """Weight-only int4 through cpu_kernels.linear_int4: q [out, ceil(in/2)] uint8 (two signed
-    nibbles per byte) and scale [out, in / G] fp32 with scale = max|W[group, o]| / 7 and
-    q = round(W / scale) in [-7, 7] (cpu_kernels.quantize_int4_numpy), so |W - q * scale| <= scale / 2
-    per weight. group_size: -1 (G = in: per output channel) or G dividing in (a multiple of 8);
-    ValueError naming quantization_group_size otherwise. Activations stay fp32."""
+    """int4 weights: q [out, ceil(in/2)] uint8 (two signed nibbles per byte) and scale [out, in / G]
+    fp32 with scale = max|W[group, o]| / 7 and q = round(W / scale) in [-7, 7]
+    (cpu_kernels.quantize_int4_numpy), so |W - q * scale| <= scale / 2 per weight. group_size: -1
+    (G = in: per output channel) or G dividing in (a multiple of 8); ValueError naming
+    quantization_group_size otherwise.
 
-    kind = "int4"
+    activations: "int8" quantizes x per row and block of 32 in each call and multiplies int4 x int8
+    (cpu_kernels.linear_w4a8: AVX-512 VNNI); "fp32" keeps x in fp32 (cpu_kernels.linear_int4: the
+    nibbles widened to fp32); None (the default) picks "int8" on the isas of cpu_kernels.W4A8_ISAS
+    when in and G are multiples of 32, else "fp32". Above GEMV_INT4_MAX_BATCH rows (prefill) both
+    multiply fp32 activations by the dequantized weight. kind: "w4a8" with int8 activations, else
+    "int4". Raises ValueError for another activations value, or "int8" where it cannot run."""
 
-    def __init__(self, w_in_out: np.ndarray, bias: np.ndarray | None, isa: str, group_size: int):
+    def __init__(self, w_in_out: np.ndarray, bias: np.ndarray | None, isa: str, group_size: int,
+                 activations: str | None = None):
         from paddle_llm_ops import cpu_kernels
 
         w = np.asarray(w_in_out, np.float32).T
-        q, scale = cpu_kernels.quantize_int4_numpy(w, group_size_for(w.shape[1], group_size))
+        g = group_size_for(w.shape[1], group_size)
+        fits = isa in cpu_kernels.W4A8_ISAS and w.shape[1] % 32 == 0 and g % 32 == 0
+        if activations is None:
+            activations = "int8" if fits else "fp32"
+        if activations not in ("int8", "fp32"):
+            raise ValueError(f"Int4Linear activations must be 'int8' or 'fp32', got {activations!r}")
+        if activations == "int8" and not fits:
+            raise ValueError(f"Int4Linear activations 'int8' needs isa in {cpu_kernels.W4A8_ISAS} and an input width "
+                             f"and group size that are multiples of 32, got isa {isa!r}, width {w.shape[1]}, group {g}")
+        q, scale = cpu_kernels.quantize_int4_numpy(w, g)
         self.qweight, self.scale = _const(from_numpy(q)), _const(from_numpy(scale))
         self.out_features, self.in_features = w.shape
         self.bias = _bias(bias, "float32")
         self.isa = isa
+        self.activations = activations
+        self.kind = "w4a8" if activations == "int8" else "int4"
 
     def __call__(self, x: paddle.Tensor) -> paddle.Tensor:
         from paddle_llm_ops import cpu_kernels
 
+        if self.activations == "int8":
+            return cpu_kernels.linear_w4a8(x, self.qweight, self.scale, self.bias, self.isa)
         return cpu_kernels.linear_int4(x, self.qweight, self.scale, self.bias, self.isa)

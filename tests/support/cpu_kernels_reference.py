@@ -62,3 +62,29 @@ def gemv_int4_reference(x: np.ndarray, q: np.ndarray, scale: np.ndarray, bias: n
     if bias is not None:
         y = y + np.asarray(bias, np.float32)[None, :]
     return y.astype(np.float32)
+
+
+def gemv_w4a8_reference(x: np.ndarray, q: np.ndarray, scale: np.ndarray, k: int,
+                        bias: np.ndarray | None = None) -> np.ndarray:
+    """The int4 x int8 GEMV's value in float64: x quantized per row and block of 32 exactly as the
+    kernel does (numpy's rint and fp32 division, quantize_activations_numpy's rule), the int4 nibbles
+    unpacked (low = even k), exact integer block sums, then sum over blocks of
+    sum * xs[b, block] * scale[n, group] in float64 (+ bias). The kernel's fp32 lane order differs
+    from this by fp32 rounding only."""
+    xf = np.ascontiguousarray(x, np.float32)
+    b, blocks = xf.shape[0], k // 32
+    xs = (np.abs(xf.reshape(b, blocks, 32)).max(axis=2) / np.float32(127)).astype(np.float32)
+    safe = np.where(xs > 0, xs, np.float32(1))
+    xq = np.clip(np.rint(xf.reshape(b, blocks, 32) / safe[:, :, None]), -127, 127).astype(np.int64)
+    xq[xs == 0] = 0
+    lo = (q & 0x0F).astype(np.int64)
+    hi = (q >> 4).astype(np.int64)
+    qi = np.empty((q.shape[0], k), np.int64)
+    qi[:, 0::2] = np.where(lo > 7, lo - 16, lo)[:, : (k + 1) // 2]
+    qi[:, 1::2] = np.where(hi > 7, hi - 16, hi)[:, : k // 2]
+    group = k // scale.shape[1]
+    y = np.zeros((b, q.shape[0]))
+    for j in range(blocks):
+        sums = xq[:, j] @ qi[:, 32 * j:32 * (j + 1)].T
+        y += sums * xs[:, j:j + 1].astype(np.float64) * scale[:, (32 * j) // group][None, :].astype(np.float64)
+    return y if bias is None else y + bias.astype(np.float64)

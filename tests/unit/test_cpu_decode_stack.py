@@ -3,7 +3,8 @@ step in one C++ call, and the SwiGLU kernel it shares with the op-by-op path.
 
 The reference for the stack is the op-by-op path of the same model on the same kernels: the stack
 calls the same functions in the same order, so its hidden states and the KV it writes must be equal
-bit for bit, for every linear kind (fp32 GEMV, wint8 int8 x int8 / weight-only int8, wint4), with
+bit for bit, for every linear kind (fp32 GEMV, wint8 int8 x int8 / weight-only int8, wint4 int4 x int8 /
+weight-only int4), with
 q/k biases (Qwen2) and per-head q/k norms (Qwen3), on every isa this host runs. The SwiGLU kernel is
 checked against float64 numpy. Correctness against HF transformers is checked where the engines run
 (tests/model: every family's logits and tokens, with the stack on, as the engine runs it).
@@ -133,6 +134,9 @@ def run_both(model, context_lens, seed=0, num_blocks: int = NUM_BLOCKS):
 @pytest.mark.parametrize("quantization", ["", "wint8", "wint4"])
 def test_stack_bit_identical_to_op_by_op(checkpoints, isa, family, quantization):
     model = load(checkpoints[family], isa, quantization)
+    if quantization == "wint4":  # int4 x int8 where the isa has it, weight-only int4 elsewhere
+        kinds = {lin.kind for layer in model.layers for lin in (layer.qkv, layer.o, layer.mlp.gate_up, layer.mlp.down)}
+        assert kinds == ({"w4a8"} if isa in ck.W4A8_ISAS else {"int4"}), kinds
     calls = []
     real_run = model.decode_stack.run
     model.decode_stack.run = lambda *a, **k: calls.append(1) or real_run(*a, **k)

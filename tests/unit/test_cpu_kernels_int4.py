@@ -14,8 +14,8 @@ import paddle
 import pytest
 
 import paddle_llm_ops.cpu_kernels as ck
-from cpu_kernels_reference import dequantize_int4_reference, gemv_int4_reference
-from test_cpu_kernels import ISA_PARAMS, rel_err, t
+from cpu_kernels_reference import dequantize_int4_reference, gemv_int4_reference, gemv_w4a8_reference
+from test_cpu_kernels import HOST_VNNI, ISA_PARAMS, rel_err, t
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -129,3 +129,82 @@ def test_gemv_int4_rejects_bad_inputs():
         ck.gemv_int4(x, t(q), t(np.ones((3, 8), np.float32)))  # groups of 4 weights
     with pytest.raises(ValueError, match="bias"):
         ck.gemv_int4(x, t(q), t(s), t(np.ones(4, np.float32)))
+
+
+# ------------------------------------------------------------------------------ int4 x int8
+needs_vnni = pytest.mark.skipif(not HOST_VNNI, reason="gemv_w4a8 runs on AVX-512 VNNI only (refusal tested below)")
+
+
+@needs_vnni
+@pytest.mark.parametrize("b, n, k, group", [(1, 960, 576, 64), (3, 37, 1536, 64), (5, 21, 576, 576),
+                                            (8, 64, 96, 32), (2, 24, 160, 32), (64, 9, 128, 128)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_gemv_w4a8_against_the_exact_integer_reference(b, n, k, group, with_bias):
+    """Odd output counts (tiles of 4 and single rows), K not a multiple of 128 (a half vector step),
+    per-channel and per-32 groups, batches across the 3-row tiles, up to the batch limit."""
+    rng = np.random.default_rng(b * 1000 + k)
+    x = rng.standard_normal((b, k)).astype(np.float32)
+    x[0, :32] = 0.0  # an all-zero activation block: scale 0, contributes nothing
+    q, s = ck.quantize_int4_numpy(_weights(rng, n, k), group)
+    bias = rng.standard_normal(n).astype(np.float32) if with_bias else None
+    got = ck.gemv_w4a8(t(x), t(q), t(s), None if bias is None else t(bias)).numpy()
+    ref = gemv_w4a8_reference(x, q, s, k, bias)
+    assert got.shape == (b, n) and np.isfinite(got).all()
+    assert rel_err(got, ref) <= 2e-6
+
+
+@needs_vnni
+def test_gemv_w4a8_close_to_the_weight_only_path_and_thread_invariant():
+    rng = np.random.default_rng(3)
+    x = t(rng.standard_normal((2, 576)).astype(np.float32))
+    q, s = ck.quantize_int4_numpy(_weights(rng, 3072, 576), 64)
+    weight_only = ck.gemv_int4(x, t(q), t(s), isa="avx2_fma").numpy()
+    ck.set_num_threads(1)
+    one = ck.gemv_w4a8(x, t(q), t(s)).numpy()
+    ck.set_num_threads(2)
+    two = ck.gemv_w4a8(x, t(q), t(s)).numpy()
+    ck.set_num_threads(0)
+    assert np.array_equal(one, two)
+    # int8 activations per block of 32: a relative error of about 1/254 per activation, averaged down
+    assert rel_err(one, weight_only) <= 2e-2
+
+
+@needs_vnni
+@pytest.mark.parametrize("b", [1, ck.GEMV_INT4_MAX_BATCH, ck.GEMV_INT4_MAX_BATCH + 1])
+def test_linear_w4a8_any_batch(b):
+    rng = np.random.default_rng(b)
+    x = t(rng.standard_normal((b, 64)).astype(np.float32))
+    q, s = ck.quantize_int4_numpy(_weights(rng, 40, 64), 32)
+    got = ck.linear_w4a8(x, t(q), t(s)).numpy()
+    if b <= ck.GEMV_INT4_MAX_BATCH:
+        assert rel_err(got, gemv_w4a8_reference(x.numpy(), q, s, 64)) <= 2e-6
+    else:  # prefill: fp32 activations times the dequantized weight
+        ref = paddle.matmul(x, ck.dequantize_int4(t(q), t(s), 64), transpose_y=True).numpy()
+        assert rel_err(got, ref) <= 1e-5
+
+
+def test_gemv_w4a8_refuses_what_it_cannot_run():
+    q, s = ck.quantize_int4_numpy(np.ones((3, 64), np.float32), 32)
+    with pytest.raises(ValueError, match="avx512_vnni only"):
+        ck.gemv_w4a8(t(np.ones((1, 64), np.float32)), t(q), t(s), isa="avx2_fma")
+    if HOST_VNNI:
+        q16, s16 = ck.quantize_int4_numpy(np.ones((3, 64), np.float32), 16)
+        with pytest.raises(ValueError, match="multiples of 32"):
+            ck.gemv_w4a8(t(np.ones((1, 64), np.float32)), t(q16), t(s16))
+        q40, s40 = ck.quantize_int4_numpy(np.ones((3, 40), np.float32), 8)
+        with pytest.raises(ValueError, match="multiples of 32"):
+            ck.gemv_w4a8(t(np.ones((1, 40), np.float32)), t(q40), t(s40))
+
+
+def test_int4_linear_picks_int8_activations_only_where_they_run():
+    from paddle_llm_ops.linear import Int4Linear
+
+    w = np.random.default_rng(0).standard_normal((64, 40)).astype(np.float32)  # [in, out]
+    assert Int4Linear(w, None, "avx2_fma", 32).kind == "int4"
+    assert Int4Linear(w, None, "avx512_vnni", 32).kind == "w4a8"
+    assert Int4Linear(w, None, "avx512_vnni", 16).kind == "int4"  # groups of 16: weight-only
+    assert Int4Linear(w, None, "avx512_vnni", 32, activations="fp32").kind == "int4"
+    with pytest.raises(ValueError, match="multiples of 32"):
+        Int4Linear(w, None, "avx512_vnni", 16, activations="int8")
+    with pytest.raises(ValueError, match="activations"):
+        Int4Linear(w, None, "avx512_vnni", 32, activations="int4")

@@ -295,6 +295,24 @@ def test_wint8_path_follows_the_cpu_flags(cpuinfo, how):
     assert lin.activations == ("fp32" if plan.cpu_isa == "generic" else "int8")
 
 
+@pytest.mark.parametrize("cpuinfo, how", [
+    (ZEN5_VNNI, "int4 x int8 dot products with int32 sums on AVX-512 VNNI (vpdpbusd)"),
+    (XEON_AVX512, "fp32, weight-only int4 GEMV"),  # AVX-512 without VNNI
+    (EPYC_AVX2, "fp32, weight-only int4 GEMV"),
+    (OLD_SSE_ONLY, "fp32, weight-only int4 GEMV"),
+])
+def test_wint4_path_follows_the_cpu_flags(cpuinfo, how):
+    plan = decide(facts(cpuinfo, cpu_kernels_built=True), verify=Verifier(), quantization="wint4",
+                  quantization_group_size=64)
+    line = next(d for d in plan.decisions if d.startswith("wint4 activations: "))
+    assert how in line, line
+    assert plan.decisions[-1].startswith("quantization wint4: ")
+    from paddle_llm_ops.linear import Int4Linear
+
+    lin = Int4Linear(np.ones((64, 8), np.float32), None, plan.cpu_isa, 64)
+    assert lin.kind == ("w4a8" if plan.cpu_isa == "avx512_vnni" else "int4")
+
+
 def test_cpu_kernels_off_where_they_cannot_serve():
     assert decide(facts(EPYC_AVX2), verify=Verifier()).cpu_isa is None
     assert ("cpu_kernels: off, not available: the C++ CPU kernels are not built"

@@ -240,6 +240,8 @@ def _decide_quantization(facts: PlaceFacts, quant: tuple[str, int], dtype: str, 
                                 f"CPU kernels are off ({cpu_reason}); use kernels auto or leave quantization empty")
         if bits == 8:  # its own line first: the quantization line stays last (and unchanged in form)
             out.append(f"wint8 activations: {_int8_cpu_path(cpu_isa)}")
+        else:
+            out.append(f"wint4 activations: {_int4_cpu_path(cpu_isa)}")
         out.append(f"quantization {quantization}: {what} (fp32 scales), C++ int{bits} GEMV ({cpu_isa}) for every "
                    f"linear and the LM head")
         return
@@ -268,6 +270,16 @@ def _int8_cpu_path(cpu_isa: str) -> str:
                f"(vpmaddubsw/vpmaddwd)"
     return ("fp32, weight-only int8 GEMV (the portable path; int8 x int8 is chosen where AVX2 or AVX-512 VNNI "
             "makes it faster)")
+
+
+def _int4_cpu_path(cpu_isa: str) -> str:
+    """How wint4 linears treat activations on the CPU for a C++ kernel isa (the default of
+    paddle_llm_ops.linear.Int4Linear: int8 on AVX-512 VNNI where the widths allow, else fp32)."""
+    if cpu_isa == "avx512_vnni":
+        return ("quantized to int8 in each call, one fp32 scale per row and 32 input channels; int4 x int8 dot "
+                "products with int32 sums on AVX-512 VNNI (vpdpbusd) for linears whose input width and group size "
+                "are multiples of 32, the weight-only int4 GEMV for the others")
+    return "fp32, weight-only int4 GEMV (the nibbles widened to fp32; int4 x int8 runs on AVX-512 VNNI only)"
 
 
 def _verified(name: str, reason: str, verify: Verify, dtype: str, params: dict) -> tuple[bool, str]:

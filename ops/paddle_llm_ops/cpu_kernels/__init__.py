@@ -36,6 +36,8 @@ Ops (all fp32 unless stated; B = decode batch, T = tokens of a step):
   int8_dot_groups           xq [B, K] int8 . q [N, K]^T per group -> int32 [B, N, groups] (tests)
   gemv_int4 / linear_int4   x [B, K] . (q * scale)^T (+ bias)  (q [N, K/2] packed int4,
                             scale [N, K / group] fp32)                            -> [B, N]
+  gemv_w4a8 / linear_w4a8   the same int4 weights, x quantized to int8 in the call (per row and
+                            block of 32; AVX-512 VNNI only)                       -> [B, N]
   dequantize_int4           (q, scale, K) -> the fp32 [N, K] weight gemv_int4 multiplies by
   rms_norm                  x [T, H], weight [H], eps                                -> [T, H]
   add_rms_norm              x, residual [T, H], weight [H], eps      -> (normed [T, H], x + residual)
@@ -75,6 +77,9 @@ GEMV_MAX_BATCH = 16
 GEMV_INT8_MAX_BATCH = 64
 # int4: the same rule (the GEMV dequantizes a few rows at a time into L1 for any batch).
 GEMV_INT4_MAX_BATCH = 64
+# The isas on which Int4Linear quantizes activations (gemv_w4a8: int4 x int8 in vpdpbusd) by
+# default; elsewhere it keeps the weight-only int4 GEMV (nibbles widened to fp32).
+W4A8_ISAS = ("avx512_vnni",)
 
 
 class KernelsNotBuiltError(RuntimeError):
@@ -176,18 +181,20 @@ def _resolve(isa: str) -> str:
 
 # The ops, by job (after the loader and the constants above, which they import).
 from paddle_llm_ops.cpu_kernels.gemv_ops import (dequantize_int4, dequantize_int8, gemv, gemv_int4,  # noqa: E402
-                                                 gemv_int8, gemv_w8a8, int8_dot_groups, linear, linear_int4,
-                                                 linear_int8, linear_w8a8)
+                                                 gemv_int8, gemv_w4a8, gemv_w8a8, int8_dot_groups, linear,
+                                                 linear_int4, linear_int8, linear_w4a8, linear_w8a8)
 from paddle_llm_ops.cpu_kernels.layer_ops import (add_rms_norm, paged_decode_attention, rms_norm,  # noqa: E402
                                                   rotary_kv_write, swiglu)
 from paddle_llm_ops.cpu_kernels.quantize import (quantize_activations_int8, quantize_activations_numpy,  # noqa: E402
                                                  quantize_int4_numpy, quantize_int8, quantize_int8_numpy)
 
 __all__ = [
-    "GEMV_INT4_MAX_BATCH", "GEMV_INT8_MAX_BATCH", "GEMV_MAX_BATCH", "ISAS", "KernelsNotBuiltError", "W8A8_GROUP",
-    "W8A8_ISAS", "add_rms_norm", "available", "c_library", "cpu_supports_avx2_fma", "cpu_supports_avx512_vnni",
-    "dequantize_int4", "dequantize_int8", "gemv", "gemv_int4", "gemv_int8", "gemv_w8a8", "get_num_threads",
-    "int8_dot_groups", "library_path", "linear", "linear_int4", "linear_int8", "linear_w8a8", "load",
+    "GEMV_INT4_MAX_BATCH", "GEMV_INT8_MAX_BATCH", "GEMV_MAX_BATCH", "ISAS", "KernelsNotBuiltError", "W4A8_ISAS",
+    "W8A8_GROUP", "W8A8_ISAS", "add_rms_norm", "available", "c_library", "cpu_supports_avx2_fma", "cpu_supports_avx512_vnni",
+    "dequantize_int4", "dequantize_int8", "gemv", "gemv_int4", "gemv_int8", "gemv_w4a8", "gemv_w8a8",
+    "get_num_threads",
+    "int8_dot_groups", "library_path", "linear", "linear_int4", "linear_int8", "linear_w4a8", "linear_w8a8",
+    "load",
     "paged_decode_attention", "quantize_activations_int8", "quantize_activations_numpy", "quantize_int4_numpy",
     "quantize_int8", "quantize_int8_numpy", "rms_norm", "rotary_kv_write", "set_num_threads", "supported_isas",
     "swiglu",

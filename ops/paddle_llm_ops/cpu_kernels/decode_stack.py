@@ -14,7 +14,7 @@ It covers dense decoders on the C++ CPU kernels in fp32: layers of [add +] RMSNo
 (biases optional), optional per-head q/k norms, rotary + paged KV write, paged decode attention,
 o, RMSNorm, fused gate_up, SwiGLU, down; linears all of one declared kind (paddle_llm_ops.linear):
 "fp32" (the GEMV up to GEMV_MAX_BATCH rows, then MKL's cblas_sgemm as paddle.matmul, up to
-FP32_SGEMM_MAX_BATCH), "int8" or "w8a8" (<= GEMV_INT8_MAX_BATCH) or "int4" (<= GEMV_INT4_MAX_BATCH). Steps with long
+FP32_SGEMM_MAX_BATCH), "int8" or "w8a8" (<= GEMV_INT8_MAX_BATCH) or "int4" / "w4a8" (<= GEMV_INT4_MAX_BATCH). Steps with long
 prompt chunks, larger batches, mixture-of-experts or tensor-parallel models keep the op-by-op path
 (the model decides; `build` returns None with the reason for linears it cannot take).
 """
@@ -31,7 +31,7 @@ import paddle
 from paddle_llm_ops import cpu_kernels as ck
 
 _ISA_CODE = {"generic": 0, "avx2_fma": 1, "avx512_vnni": 2}
-_F32, _INT8, _W8A8, _INT4 = 0, 1, 2, 3
+_F32, _INT8, _W8A8, _INT4, _W4A8 = 0, 1, 2, 3, 4
 _ERR_LEN = 512
 
 
@@ -113,14 +113,15 @@ class _KindLayout:
 _KINDS = {"fp32": _KindLayout(_F32, "weight", paddle.float32, False, False, "fp32 GEMV"),
           "int8": _KindLayout(_INT8, "qweight", paddle.int8, False, True, "int8 GEMV"),
           "w8a8": _KindLayout(_W8A8, "qweight", paddle.int8, False, True, "int8 x int8 GEMV"),
-          "int4": _KindLayout(_INT4, "qweight", paddle.uint8, True, True, "int4 GEMV")}
+          "int4": _KindLayout(_INT4, "qweight", paddle.uint8, True, True, "int4 GEMV"),
+          "w4a8": _KindLayout(_W4A8, "qweight", paddle.uint8, True, True, "int4 x int8 GEMV")}
 
 
 def _batch_limit(kind: str, sgemm: int | None) -> int:
     """The largest batch the stack's kernel for linears of `kind` takes."""
     if kind == "fp32":
         return FP32_SGEMM_MAX_BATCH if sgemm else ck.GEMV_MAX_BATCH
-    return ck.GEMV_INT4_MAX_BATCH if kind == "int4" else ck.GEMV_INT8_MAX_BATCH
+    return ck.GEMV_INT4_MAX_BATCH if kind in ("int4", "w4a8") else ck.GEMV_INT8_MAX_BATCH
 
 
 def _linear(lin, n: int, k: int, what: str, sgemm: int | None) -> tuple[_Linear, int] | str:
@@ -134,7 +135,7 @@ def _linear(lin, n: int, k: int, what: str, sgemm: int | None) -> tuple[_Linear,
     bias = _ptr(lin.bias, paddle.float32, f"{what} bias") if getattr(lin, "bias", None) is not None else None
     w = getattr(lin, layout.weight)
     scale = lin.scale if layout.scaled else None
-    groups = scale.shape[1] if layout.packed else 1  # int4: one scale per group of inputs
+    groups = scale.shape[1] if layout.packed else 1  # int4 / w4a8: one scale per group of inputs
     shape = [n, (k + 1) // 2] if layout.packed else [n, k]
     if list(w.shape) != shape:
         return f"{what} weight is {list(w.shape)}, expected {shape}"

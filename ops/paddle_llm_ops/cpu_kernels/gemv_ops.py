@@ -100,6 +100,27 @@ def gemv_int4(x: paddle.Tensor, q: paddle.Tensor, scale: paddle.Tensor, bias: pa
     return _run("plk_gemv_int4", x, q, scale, bias, _resolve(isa))[0]
 
 
+def gemv_w4a8(x: paddle.Tensor, q: paddle.Tensor, scale: paddle.Tensor, bias: paddle.Tensor | None = None,
+              isa: str = "avx512_vnni") -> paddle.Tensor:
+    """int4 weights x int8 activations (llama.cpp's Q4 x Q8 scheme): x [B, K] fp32 is quantized per
+    row and block of 32 input channels (xs = max|x| / 127, round half even, as gemv_w8a8), and
+    y[b, n] = sum over 8-channel lanes of float(int32 sum of xq * q) * xs[b, block] * scale[n, group]
+    (+ bias[n]). q / scale as gemv_int4 (quantize_int4_numpy). Returns [B, N] fp32. AVX-512 VNNI only
+    (isa "avx512_vnni"); K and the group size K / groups must be multiples of 32. Raises ValueError
+    otherwise, and on wrong dtypes, shapes or places."""
+    return _run("plk_gemv_w4a8", x, q, scale, bias, _resolve(isa))[0]
+
+
+def linear_w4a8(x: paddle.Tensor, q: paddle.Tensor, scale: paddle.Tensor, bias: paddle.Tensor | None = None,
+                isa: str = "avx512_vnni") -> paddle.Tensor:
+    """`gemv_w4a8` for B <= GEMV_INT4_MAX_BATCH; above (prefill), x @ dequantize_int4(q, scale)^T with
+    fp32 activations, as linear_int4."""
+    if x.shape[0] <= GEMV_INT4_MAX_BATCH:
+        return gemv_w4a8(x, q, scale, bias, isa)
+    y = paddle.matmul(x, dequantize_int4(q, scale, x.shape[1], isa), transpose_y=True)
+    return y if bias is None else y + bias
+
+
 def dequantize_int4(q: paddle.Tensor, scale: paddle.Tensor, k: int, isa: str = "generic") -> paddle.Tensor:
     """q [N, ceil(k/2)] uint8, scale [N, groups] -> the fp32 [N, k] weight gemv_int4 multiplies by."""
     return _run("plk_dequantize_int4", q, scale, int(k), _resolve(isa))[0]

@@ -46,6 +46,9 @@ void run_linear(Isa isa, const PlkLinear& l, const float* x, float* y, int64_t B
       gemv_w8a8(isa, x, static_cast<const int8_t*>(l.w), l.scale, l.bias, y, B, l.N, l.K,
                 act_group_for(act_group, l.K));
       break;
+    case kLinearW4A8:
+      gemv_w4a8(isa, x, static_cast<const uint8_t*>(l.w), l.scale, l.groups, l.bias, y, B, l.N, l.K);
+      break;
     default:  // kLinearInt4 (checked before the run)
       gemv_int4(isa, x, static_cast<const uint8_t*>(l.w), l.scale, l.groups, l.bias, y, B, l.N, l.K);
       break;
@@ -74,7 +77,7 @@ bool check_linear(const PlkLinear& l, const char* name, int64_t layer, int64_t N
   if (l.N != N || l.K != K)
     return e.fail("layer %lld %s is [%lld, %lld], expected [%lld, %lld]", (long long)layer, name, (long long)l.N,
                   (long long)l.K, (long long)N, (long long)K);
-  if (l.kind < kLinearF32 || l.kind > kLinearInt4) return e.fail("layer %lld %s: unknown linear kind %lld",
+  if (l.kind < kLinearF32 || l.kind > kLinearW4A8) return e.fail("layer %lld %s: unknown linear kind %lld",
                                                                   (long long)layer, name, (long long)l.kind);
   if (l.kind != kLinearF32 && !l.scale) return e.fail("layer %lld %s: no scale", (long long)layer, name);
   if (l.kind == kLinearW8A8) {
@@ -85,6 +88,9 @@ bool check_linear(const PlkLinear& l, const char* name, int64_t layer, int64_t N
   if (l.kind == kLinearInt4 && (l.groups < 1 || K % l.groups || (l.groups > 1 && (K / l.groups) % 8)))
     return e.fail("layer %lld %s: K = %lld does not split into %lld groups of a multiple of 8", (long long)layer, name,
                   (long long)K, (long long)l.groups);
+  if (l.kind == kLinearW4A8 && (l.groups < 1 || K % 32 || K % l.groups || (K / l.groups) % 32))
+    return e.fail("layer %lld %s: K = %lld does not split into %lld groups of a multiple of 32 (int4 x int8)",
+                  (long long)layer, name, (long long)K, (long long)l.groups);
   return true;
 }
 
@@ -114,6 +120,10 @@ bool check(const PlkDecodeStack& a, Err& e) {
         !check_linear(l.gate_up, "gate_up", i, 2 * a.I, a.H, a.act_group, e) ||
         !check_linear(l.down, "down", i, a.H, a.I, a.act_group, e))
       return false;
+    const bool w4a8 = l.qkv.kind == kLinearW4A8 || l.o.kind == kLinearW4A8 || l.gate_up.kind == kLinearW4A8 ||
+                      l.down.kind == kLinearW4A8;
+    if (w4a8 && a.isa != static_cast<int64_t>(Isa::kAvx512Vnni))
+      return e.fail("layer %lld: int4 x int8 linears run on isa avx512_vnni only", (long long)i);
   }
   for (int64_t b = 0; b < a.B; ++b) {
     if (a.positions[b] < 0 || a.positions[b] >= a.P)

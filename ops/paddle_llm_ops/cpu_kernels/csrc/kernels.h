@@ -35,6 +35,10 @@ void gemv_f32_block(Isa isa, const float* x, const float* w, const float* bias, 
 // q [N, ceil(K/2)] two signed nibbles per byte (low = even k), scale [N, groups] (gemv_int4.cc).
 void gemv_int4(Isa isa, const float* x, const uint8_t* q, const float* scale, int64_t groups, const float* bias,
                float* y, int64_t B, int64_t N, int64_t K);
+// int4 weights (gemv_int4's layout) x int8 activations quantized per row and block of 32 input
+// channels, AVX-512 VNNI only (gemv_w4a8.cc); K and K / groups multiples of 32.
+void gemv_w4a8(Isa isa, const float* x, const uint8_t* q, const float* scale, int64_t groups, const float* bias,
+               float* y, int64_t B, int64_t N, int64_t K);
 // out [N, K] = w' (the dequantized weight the int4 GEMV multiplies by).
 void dequantize_int4(Isa isa, const uint8_t* q, const float* scale, int64_t groups, float* out, int64_t N,
                      int64_t K);
@@ -78,10 +82,10 @@ void silu_mul(Isa isa, const float* gu, float* out, int64_t B, int64_t I);
 // ----------------------------------------------------------------- the decode stack (decode_stack.cc)
 // Plain-old-data layouts shared with Python's ctypes (cpu_kernels/decode_stack.py mirrors them field
 // for field: every integer is int64_t and every real a double, so no padding rule can differ).
-enum LinearKind : int64_t { kLinearF32 = 0, kLinearInt8 = 1, kLinearW8A8 = 2, kLinearInt4 = 3 };
+enum LinearKind : int64_t { kLinearF32 = 0, kLinearInt8 = 1, kLinearW8A8 = 2, kLinearInt4 = 3, kLinearW4A8 = 4 };
 
 struct PlkLinear {
-  int64_t kind;        // LinearKind: f32 w [N, K]; int8 / w8a8 q [N, K] int8 + scale [N]; int4 q [N, ceil(K/2)] uint8 + scale [N, groups]
+  int64_t kind;        // LinearKind: f32 w [N, K]; int8 / w8a8 q [N, K] int8 + scale [N]; int4 / w4a8 q [N, ceil(K/2)] uint8 + scale [N, groups]
   int64_t groups;      // int4 scale groups per row (1: per output channel)
   const void* w;
   const float* scale;  // null for f32

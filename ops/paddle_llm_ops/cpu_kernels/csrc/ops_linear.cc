@@ -128,6 +128,24 @@ std::vector<Tensor> GemvInt4(const Tensor& x, const Tensor& q, const Tensor& sca
   return {y};
 }
 
+// int4 x int8 (AVX-512 VNNI only): the int4 layout, and K and the group size multiples of 32 (an
+// activation block of 32 never straddles a weight group).
+std::vector<Tensor> GemvW4A8(const Tensor& x, const Tensor& q, const Tensor& scale,
+                             const paddle::optional<Tensor>& bias, const std::string& isa) {
+  plk::Isa i = parse_isa(isa);
+  PD_CHECK(i == plk::Isa::kAvx512Vnni, "gemv_w4a8 runs on isa avx512_vnni only, got ", isa);
+  check_tensor(x, "x", DataType::FLOAT32, 2);
+  const int64_t B = x.shape()[0], K = x.shape()[1];
+  const int64_t N = check_int4(q, scale, K);
+  PD_CHECK(K % 32 == 0 && (K / scale.shape()[1]) % 32 == 0, "gemv_w4a8 needs K (", K, ") and the group size (",
+           K / scale.shape()[1], ") to be multiples of 32");
+  const float* b = optional_vector(bias, "bias", N);
+  Tensor y = paddle::empty({B, N}, DataType::FLOAT32, paddle::CPUPlace());
+  plk::gemv_w4a8(i, x.data<float>(), q.data<uint8_t>(), scale.data<float>(), scale.shape()[1], b, y.data<float>(),
+                 B, N, K);
+  return {y};
+}
+
 std::vector<Tensor> DequantizeInt4(const Tensor& q, const Tensor& scale, int k, const std::string& isa) {
   plk::Isa i = parse_isa(isa);
   const int64_t N = check_int4(q, scale, k);
@@ -216,6 +234,14 @@ PD_BUILD_OP(plk_gemv_int4)
     .Outputs({"Y"})
     .Attrs({"isa: std::string"})
     .SetKernelFn(PD_KERNEL(GemvInt4))
+    .SetInferShapeFn(PD_INFER_SHAPE(GemvInt8Shape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(GemvInt8Dtype));
+
+PD_BUILD_OP(plk_gemv_w4a8)
+    .Inputs({"X", "Q", "Scale", paddle::Optional("Bias")})
+    .Outputs({"Y"})
+    .Attrs({"isa: std::string"})
+    .SetKernelFn(PD_KERNEL(GemvW4A8))
     .SetInferShapeFn(PD_INFER_SHAPE(GemvInt8Shape))
     .SetInferDtypeFn(PD_INFER_DTYPE(GemvInt8Dtype));
 
