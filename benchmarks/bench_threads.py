@@ -21,10 +21,10 @@ import argparse
 import importlib.util
 import os
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
+
+from comparison.competitor import Competitor  # noqa: I001 (this folder, run as a script)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = (("pool", True), ("pool", False), ("openmp", True), ("openmp", False))
@@ -35,24 +35,6 @@ def _load(name: str):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
-
-
-class Competitor:
-    """A busy loop at normal priority pinned to one CPU, for the duration of a `with` block."""
-
-    def __init__(self, cpu: int):
-        self.cpu = cpu
-        self.proc = None
-
-    def __enter__(self):
-        code = f"import os\nos.sched_setaffinity(0, {{{self.cpu}}})\nwhile True:\n    pass\n"
-        self.proc = subprocess.Popen([sys.executable, "-c", code])
-        time.sleep(0.3)
-        return self
-
-    def __exit__(self, *exc):
-        self.proc.kill()
-        self.proc.wait(timeout=10)
 
 
 def measure(args, run, variants) -> list[dict]:

@@ -14,6 +14,7 @@ from pathlib import Path
 from comparison.common import LABELS, OURS, PEER_PINS, PLOT_PINS, REPO_ROOT, SYSTEMS, TRITON, bench_engine, log
 from comparison.measure import apply_limits, host_info, measure_bandwidth, wint4_bytes_estimate, wint8_bytes_estimate
 from comparison.ours import run_offline, run_triton
+from comparison.competitor import Competitor, last_cpu
 from comparison.peers import ensure_peer_venv, run_hf, run_llamacpp
 from comparison.report import agreement_lines, build_report
 from comparison.workers import WORKERS, run_worker, worker_plot
@@ -50,6 +51,8 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     ap.add_argument("--duration", type=float, default=None, help="time cap per level, seconds (default 900)")
     ap.add_argument("--ref-python", default=None, help="interpreter with torch + transformers (default build/ref-venv)")
     ap.add_argument("--bandwidth-gib", type=float, default=1.0)
+    ap.add_argument("--competitor", action="store_true",
+                    help="run every system beside a busy loop pinned to the last CPU (after the bandwidth probe)")
     ap.add_argument("--out-dir", type=Path, default=REPO_ROOT / "build" / "bench")
     return ap
 
@@ -242,7 +245,14 @@ def main(argv=None, description: str = "") -> int:
     if ctx is None:
         return 2
     host, bw, weight_bytes = measure_host(args)
-    results, notes, triton_models = run_systems(ctx, systems)
+    if args.competitor:
+        cpu = last_cpu()
+        log(f"competitor: a busy loop pinned to CPU {cpu} while every system runs")
+        host["competitor"] = f"a Python busy loop at normal priority pinned to CPU {cpu}"
+        with Competitor(cpu):
+            results, notes, triton_models = run_systems(ctx, systems)
+    else:
+        results, notes, triton_models = run_systems(ctx, systems)
     for q in ("q8_0", "q4_1"):
         if f"llamacpp-{q}" in results:
             weight_bytes[q] = results[f"llamacpp-{q}"]["tensor_bytes"]

@@ -48,7 +48,8 @@ def _text_header(summary: dict, systems: list[str], label: dict) -> list[str]:
     lim = summary["limit_per_seq"]
     lines = [
         f"host: {h['cpu']} ({', '.join(h['isa']) or 'no avx2'}), {h['cores']} cores, {h['threads']} threads "
-        f"per system; read bandwidth {bw['bytes_per_s'] / 1e9:.1f} GB/s ({bw['method']})",
+        f"per system; read bandwidth {bw['bytes_per_s'] / 1e9:.1f} GB/s ({bw['method']})"
+        + (f"; competitor: {h['competitor']}" if h.get("competitor") else ""),
         f"model: {summary['model']}, {summary['weight_bytes']['fp32'] / 1e6:.0f} MB fp32 read per decode step -> "
         f"limit {lim['fp32']:.1f} tok/s per sequence"
         + "".join(f" ({name} {summary['weight_bytes'][k] / 1e6:.0f} MB -> {lim[k]:.1f})"
