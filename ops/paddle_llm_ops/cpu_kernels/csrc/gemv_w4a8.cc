@@ -47,7 +47,7 @@ struct W4A8Ctx {
 
 // R weight rows x BT batch rows, every step of the row; out[b * R + r].
 template <int R, int BT>
-PLK_VNNI4 inline void tile(const W4A8Ctx& c, int64_t n0, int64_t b0, float* out) {
+PLK_VNNI4 inline void tile_vnni(const W4A8Ctx& c, int64_t n0, int64_t b0, float* out) {
   __m512 acc[R][BT];
   for (int r = 0; r < R; ++r)
     for (int b = 0; b < BT; ++b) acc[r][b] = _mm512_setzero_ps();
@@ -90,9 +90,9 @@ PLK_VNNI4 inline void tile(const W4A8Ctx& c, int64_t n0, int64_t b0, float* out)
 }
 
 template <int R, int BT>
-PLK_VNNI4 inline void emit(const W4A8Ctx& c, int64_t n0, int64_t b0) {
+PLK_VNNI4 inline void emit_vnni(const W4A8Ctx& c, int64_t n0, int64_t b0) {
   float v[R * BT];
-  tile<R, BT>(c, n0, b0, v);
+  tile_vnni<R, BT>(c, n0, b0, v);
   for (int b = 0; b < BT; ++b)
     for (int r = 0; r < R; ++r) {
       float o = v[b * R + r];
@@ -102,18 +102,18 @@ PLK_VNNI4 inline void emit(const W4A8Ctx& c, int64_t n0, int64_t b0) {
 }
 
 template <int R>
-PLK_VNNI4 inline void rows(const W4A8Ctx& c, int64_t n0) {
+PLK_VNNI4 inline void rows_vnni(const W4A8Ctx& c, int64_t n0) {
   int64_t b = 0;
-  for (; b + 3 <= c.B; b += 3) emit<R, 3>(c, n0, b);
-  if (c.B - b == 2) emit<R, 2>(c, n0, b);
-  if (c.B - b == 1) emit<R, 1>(c, n0, b);
+  for (; b + 3 <= c.B; b += 3) emit_vnni<R, 3>(c, n0, b);
+  if (c.B - b == 2) emit_vnni<R, 2>(c, n0, b);
+  if (c.B - b == 1) emit_vnni<R, 1>(c, n0, b);
 }
 
 PLK_VNNI4 void range_vnni(void* ctx, int64_t n0, int64_t n1) {
   const W4A8Ctx& c = *static_cast<const W4A8Ctx*>(ctx);
   int64_t n = n0;
-  for (; n + 4 <= n1; n += 4) rows<4>(c, n);
-  for (; n < n1; ++n) rows<1>(c, n);
+  for (; n + 4 <= n1; n += 4) rows_vnni<4>(c, n);
+  for (; n < n1; ++n) rows_vnni<1>(c, n);
 }
 
 struct Buffers {
