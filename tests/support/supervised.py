@@ -46,8 +46,13 @@ class SupervisedServer:
         return self.log_path.read_text(errors="replace")
 
     def ready(self) -> bool:
+        """HTTP ready and the metrics endpoint answering: Triton starts its metrics service after the
+        HTTP one (tens of ms on an idle host, longer under load), so a test that scrapes right after
+        HTTP readiness could find the port closed."""
         try:
-            return requests.get(f"{self.http_base}/v2/health/ready", timeout=2).status_code == 200
+            if requests.get(f"{self.http_base}/v2/health/ready", timeout=2).status_code != 200:
+                return False
+            return requests.get(self.metrics_url, timeout=2).status_code == 200
         except requests.RequestException:
             return False
 
