@@ -77,7 +77,7 @@ int threads_for(int64_t work, int64_t threshold) {
 // Measured on SmolLM2 wint8 decode (2 threads, quiet): 1, 2, 4 and 8 chunks per thread within noise
 // of each other and of the OpenMP split; beside a busy process 4 kept 0.69x of the quiet rate where
 // OpenMP regions kept 0.12x (benchmarks/bench_threads.py).
-int chunks_per_thread() { return 4; }
+constexpr int kChunksPerThread = 4;
 
 void parallel_ranges(int64_t n, int64_t grain, int threads, RangeFn fn, void* ctx) {
   if (n <= 0) return;
@@ -88,7 +88,7 @@ void parallel_ranges(int64_t n, int64_t grain, int threads, RangeFn fn, void* ct
     fn(ctx, 0, n);
     return;
   }
-  const int64_t want = std::min<int64_t>(units, static_cast<int64_t>(t) * chunks_per_thread());
+  const int64_t want = std::min<int64_t>(units, static_cast<int64_t>(t) * kChunksPerThread);
   const int64_t chunk = (units + want - 1) / want * grain;
   const int64_t chunks = (n + chunk - 1) / chunk;
   if (g_openmp.load(std::memory_order_relaxed))

@@ -30,7 +30,7 @@ int num_threads();
 void set_num_threads(int n);
 
 // Runs fn(ctx, begin, end) over [0, n) cut into chunks whose starts are multiples of `grain` (the
-// last chunk takes the rest), about chunks_per_thread() per thread, taken by the caller and up to
+// last chunk takes the rest), about 4 per thread (kChunksPerThread in common.cc), taken by the caller and up to
 // threads - 1 pool workers from a shared counter (thread_pool.cc). threads <= 1 or a single grain
 // unit: runs on the calling thread. Every element is in exactly one chunk.
 typedef void (*RangeFn)(void* ctx, int64_t begin, int64_t end);
@@ -43,7 +43,6 @@ void parallel_tasks(int64_t ntasks, int threads, RangeFn fn, void* ctx);
 // The pool itself: fn(ctx, i * chunk, min(n, (i + 1) * chunk)) for i < chunks on the caller and up
 // to threads - 1 workers; returns when all are done (thread_pool.cc).
 void pool_run(RangeFn fn, void* ctx, int64_t n, int64_t chunk, int64_t chunks, int threads);
-int chunks_per_thread();
 
 // Threads worth using for `work` bytes of memory traffic (or comparable work): 1 below twice the
 // threshold, else min(num_threads(), work / threshold). The policy (benchmarks only) overrides:
