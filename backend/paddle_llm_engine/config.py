@@ -167,10 +167,14 @@ class EngineConfig:
         on CPU, bfloat16 on a GCU whose plug-in registers bf16 kernels for every op of the model;
         docs/platforms/platform_layer.md), "float32", "bfloat16", "float16"; a dtype the place lacks
         kernels for is refused at start (Paddle's CPU wheel has no bf16 / fp16 matmul).
-    kv_cache_dtype: "auto" (= dtype) or a dtype; narrower than dtype is storage only: values are cast
-        on write and read, a block takes half the memory for bfloat16 / float16 under float32 (CPU:
-        greedy tokens equal to an fp32 cache on the test prompts; logits within 0.06 (bf16) / 0.008
-        (fp16) of the logits' standard deviation, tests/unit/test_kv_cache_dtype.py).
+    kv_cache_dtype: "auto" (= dtype), "float32", "bfloat16" or "float16". Under float32 compute on
+        the CPU with the C++ kernels, a 16-bit cache is read by the kernels themselves: each K / V
+        value is rounded once when written and widened exactly when read, arithmetic stays fp32, a
+        block takes half the memory and decode attention reads half the bytes (SmolLM2: prefill
+        logits within 0.0014 (fp16) / 0.014 (bf16) of the logits' standard deviation of an fp32
+        cache; tests/model/test_kv_cache_16bit.py); outputs then depend on batch composition more
+        than with float32 (docs/features/kv_cache.md). float16 holds magnitudes up to 65504.
+        Elsewhere a dtype narrower than dtype is storage only (cast on write and read).
     kernels: "auto" (each optional fused kernel where the platform layer finds the place can run
         it), "composed" (plain Paddle ops only), or a ';'-separated list of kernels to require
         (cpu_kernels, fused_rms_norm, fused_moe, gcu_attention, gcu_rotary, gcu_rms_norm; e.g.

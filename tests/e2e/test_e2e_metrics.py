@@ -172,12 +172,14 @@ def test_engine_info_names_what_the_instance_runs_on(triton_server):
     plan = plan_for_device("cpu")
     want_kernels = ";".join(k for k, on in plan.kernels.items() if on).replace(
         "cpu_kernels", f"cpu_kernels_{plan.cpu_isa}") or "composed"
-    assert labels["device"] == "cpu" and labels["dtype"] == "float32" and labels["kv_cache_dtype"] == "float32"
+    assert labels["device"] == "cpu" and labels["dtype"] == "float32"
+    assert labels["kv_cache_dtype"] == plan.kv_cache_dtype == "float32"
     assert labels["kernels"] == want_kernels and labels["quantization"] == "none"
     assert labels["tensor_parallel_size"] == "1"
     assert (labels["max_num_seqs"], labels["max_num_waiting"]) == ("32", "128")  # the default: 4 x max_num_seqs
     log = triton_server.log_path.read_text(errors="replace")
-    assert f"llm instance llm_0_0: serving on cpu (dtype float32, kv_cache_dtype float32, kernels {want_kernels}" in log
+    assert (f"llm instance llm_0_0: serving on cpu (dtype float32, kv_cache_dtype {plan.kv_cache_dtype}, kernels "
+            f"{want_kernels}") in log
 
 
 def test_bad_input_counts_as_error_and_as_rejected_invalid(triton_server):

@@ -121,7 +121,8 @@ def _check_engine_info(server) -> None:
     kernels = ";".join(k for k, on in plan.kernels.items() if on).replace(
         "cpu_kernels", f"cpu_kernels_{plan.cpu_isa}") or "composed"
     assert labels["tensor_parallel_size"] == "2"
-    assert (labels["dtype"], labels["kv_cache_dtype"]) == (plan.dtype, plan.kv_cache_dtype) == ("float32", "float32")
+    assert (labels["dtype"], labels["kv_cache_dtype"]) == (plan.dtype, plan.kv_cache_dtype)
+    assert plan.dtype == plan.kv_cache_dtype == "float32"
     assert labels["kernels"] == kernels and labels["quantization"] == "none"
 
 

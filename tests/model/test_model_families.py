@@ -81,7 +81,8 @@ def family(request, tmp_path_factory):
 
 def make_engine(model_dir: str, **kw) -> LLMEngine:
     cfg = dict(model_dir=model_dir, device="cpu", block_size=BLOCK, num_kv_blocks=48, max_model_len=MAX_LEN,
-               max_num_seqs=8, max_num_batched_tokens=256, num_threads=2)
+               max_num_seqs=8, max_num_batched_tokens=256, num_threads=2,
+               kv_cache_dtype="float32")  # the model path against HF in fp32; 16-bit KV: test_kv_cache_16bit.py
     cfg.update(kw)
     return LLMEngine(EngineConfig(**cfg))
 

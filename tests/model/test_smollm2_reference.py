@@ -58,7 +58,8 @@ def ref():
 def make_engine(model_dir: str, **kw) -> LLMEngine:
     # prefill_chunk_size 0: the mixed-step test puts four whole prompts (456 tokens) beside four decodes
     cfg = dict(model_dir=model_dir, device="cpu", block_size=BLOCK, num_kv_blocks=96, max_model_len=MAX_LEN,
-               max_num_seqs=16, max_num_batched_tokens=2048, prefill_chunk_size=0, num_threads=2)
+               max_num_seqs=16, max_num_batched_tokens=2048, prefill_chunk_size=0, num_threads=2,
+               kv_cache_dtype="float32")  # the model path against HF in fp32; 16-bit KV: test_kv_cache_16bit.py
     cfg.update(kw)
     return LLMEngine(EngineConfig(**cfg))
 

@@ -34,7 +34,7 @@ import pytest
 
 import paddle_llm_ops.cpu_kernels as ck
 from paddle_llm_ops.linear import Int4Linear
-from test_wint8 import FIXTURE_PROMPTS, N_TOKENS, _run
+from test_wint8 import N_TOKENS, _run, fp32_run, reference_prompts
 
 
 def _linears(model):
@@ -81,15 +81,12 @@ def _generate(engine, prompts):
 
 @pytest.fixture(scope="module")
 def prompts():
-    from pathlib import Path
-
-    d = dict(np.load(Path(__file__).resolve().parents[2] / FIXTURE_PROMPTS))
-    return [d["prompt_ids"][i, :n].tolist() for i, n in enumerate(d["prompt_lens"])]
+    return reference_prompts()
 
 
 @pytest.fixture(scope="module")
 def runs(smollm2_dir, prompts):
-    out = {"fp32": _run(smollm2_dir, prompts), "g64": _run(smollm2_dir, prompts, quantization="wint4"),
+    out = {"fp32": fp32_run(smollm2_dir), "g64": _run(smollm2_dir, prompts, quantization="wint4"),
            "channel": _run(smollm2_dir, prompts, quantization="wint4", quantization_group_size=-1)}
     # the weight-only int4 path (fp32 activations), what hosts without AVX-512 VNNI run
     saved = ck.W4A8_ISAS
@@ -108,7 +105,7 @@ def test_wint4_computes_fp32_over_its_dequantized_weights(smollm2_dir, prompts, 
     assert dict(e4.executor.worker.ops.names)["linear"].startswith("cpu_int4_")
     assert {lin.kind for lin in _linears(e4.executor.worker.model)} == {"int4"}
     ref = LLMEngine(EngineConfig(model_dir=smollm2_dir, device="cpu", num_kv_blocks=96, block_size=16,
-                                 max_model_len=512, num_threads=2))
+                                 max_model_len=512, num_threads=2, kv_cache_dtype="float32"))
     _dequantize_in_place(ref, 64)
     _, tr, lr = _generate(ref, prompts)
     worst = max(float(np.abs(a - b).max()) for k in lr for a, b in zip(l4[k], lr[k]))

@@ -99,8 +99,10 @@ def run_child(spec: dict, plugin_dir: Path | None, package_dir: Path | None = No
 
 
 def engine_kwargs(model_dir: str, **kw) -> dict:
-    """EngineConfig kwargs of these tests: the tiny model on gcu:0, a small KV cache, one thread."""
+    """EngineConfig kwargs of these tests: the tiny model on gcu:0, a small KV cache, one thread, an
+    fp32 KV cache on both places these tests compare."""
     cfg = dict(model_dir=model_dir, device="gcu", device_id=0, block_size=BLOCK, num_kv_blocks=64,
-               max_model_len=MAX_LEN, max_num_seqs=8, max_num_batched_tokens=512, num_threads=1)
+               max_model_len=MAX_LEN, max_num_seqs=8, max_num_batched_tokens=512, num_threads=1,
+               kv_cache_dtype="float32")
     cfg.update(kw)
     return cfg

@@ -81,12 +81,12 @@ def load(model_dir: str, isa: str, quantization: str = ""):
     return model
 
 
-def caches(model, rng, num_blocks: int = NUM_BLOCKS) -> list[tuple[paddle.Tensor, paddle.Tensor]]:
-    """Per layer (k, v) [kvh, NUM_BLOCKS * BLOCK, d] filled with random keys and values: the context
-    the step's queries attend to."""
+def caches(model, rng, num_blocks: int = NUM_BLOCKS, kv_dtype: str = "float32") -> list[tuple[paddle.Tensor, paddle.Tensor]]:
+    """Per layer (k, v) [kvh, NUM_BLOCKS * BLOCK, d] in kv_dtype, filled with random keys and
+    values: the context the step's queries attend to."""
     shape = (model.num_kv_heads, num_blocks * BLOCK, model.head_dim)
-    return [(paddle.to_tensor(rng.standard_normal(shape).astype(np.float32)),
-             paddle.to_tensor(rng.standard_normal(shape).astype(np.float32))) for _ in model.layers]
+    return [(paddle.to_tensor(rng.standard_normal(shape).astype(np.float32)).astype(kv_dtype),
+             paddle.to_tensor(rng.standard_normal(shape).astype(np.float32)).astype(kv_dtype)) for _ in model.layers]
 
 
 def decode_step(context_lens: list[int], rng, num_blocks: int = NUM_BLOCKS):
@@ -111,12 +111,12 @@ def decode_step(context_lens: list[int], rng, num_blocks: int = NUM_BLOCKS):
     return ids, paddle.to_tensor(positions), meta
 
 
-def run_both(model, context_lens, seed=0, num_blocks: int = NUM_BLOCKS):
+def run_both(model, context_lens, seed=0, num_blocks: int = NUM_BLOCKS, kv_dtype: str = "float32"):
     """(stack output, op-by-op output, stack caches, op-by-op caches) for one decode step on equal
     starting caches."""
     rng = np.random.default_rng(seed)
     ids, positions, meta = decode_step(context_lens, rng, num_blocks)
-    kv = caches(model, rng, num_blocks)
+    kv = caches(model, rng, num_blocks, kv_dtype)
     kv_ref = [(k.clone(), v.clone()) for k, v in kv]
     stack = model.decode_stack
     assert stack is not None, model.decode_stack_info
@@ -147,6 +147,20 @@ def test_stack_bit_identical_to_op_by_op(checkpoints, isa, family, quantization)
     for (k, v), (k_ref, v_ref) in zip(kv, kv_ref):
         np.testing.assert_array_equal(k.numpy(), k_ref.numpy())
         np.testing.assert_array_equal(v.numpy(), v_ref.numpy())
+
+
+@pytest.mark.parametrize("isa", ISA_PARAMS)
+@pytest.mark.parametrize("kv_dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("family,quantization", [("llama_untied", ""), ("qwen3", "wint8")])
+def test_stack_bit_identical_to_op_by_op_over_a_16bit_cache(checkpoints, isa, kv_dtype, family, quantization):
+    model = load(checkpoints[family], isa, quantization)
+    out, ref, kv, kv_ref = run_both(model, [1, 17, 40, 33, 64], seed=3, kv_dtype=kv_dtype)
+    assert np.isfinite(ref).all() and np.abs(ref).max() > 0.1
+    np.testing.assert_array_equal(out, ref)
+    for (k, v), (k_ref, v_ref) in zip(kv, kv_ref):
+        assert k.dtype == getattr(paddle, kv_dtype)
+        np.testing.assert_array_equal(k.astype("float32").numpy(), k_ref.astype("float32").numpy())
+        np.testing.assert_array_equal(v.astype("float32").numpy(), v_ref.astype("float32").numpy())
 
 
 def test_stack_describes_itself_and_is_off_where_it_does_not_apply(checkpoints):

@@ -19,7 +19,9 @@ BYTES_PER_BLOCK = 2 * LAYERS * BLOCK * KV_HEADS * HEAD_DIM * 4  # K and V, fp32
 
 
 def engine(model_dir: str, **kw) -> LLMEngine:
-    cfg = dict(model_dir=model_dir, device="cpu", block_size=BLOCK, max_model_len=128, num_threads=1)
+    # an fp32 cache, whatever "auto" resolves to (BYTES_PER_BLOCK)
+    cfg = dict(model_dir=model_dir, device="cpu", block_size=BLOCK, max_model_len=128, num_threads=1,
+               kv_cache_dtype="float32")
     cfg.update(kw)
     return LLMEngine(EngineConfig(**cfg))
 

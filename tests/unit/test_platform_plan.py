@@ -317,15 +317,29 @@ def test_cpu_kernels_off_where_they_cannot_serve():
     assert decide(facts(EPYC_AVX2), verify=Verifier()).cpu_isa is None
     assert ("cpu_kernels: off, not available: the C++ CPU kernels are not built"
             in decide(facts(EPYC_AVX2), verify=Verifier()).decisions)
-    bf = decide(facts(EPYC_AVX2, cpu_kernels_built=True), kv_cache_dtype="bfloat16", verify=Verifier())
-    assert bf.cpu_isa is None and ("cpu_kernels: off, they need float32 compute and a float32 KV cache "
-                                   "(dtype float32, kv_cache_dtype bfloat16)") in bf.decisions
+    bf16_compute = {op: list(F32_CPU) + [("CPU", "bfloat16")] for op in CPU_REGISTRY}
+    bf = decide(facts(EPYC_AVX2, registry=bf16_compute, cpu_kernels_built=True), verify=Verifier())
+    assert bf.dtype == "bfloat16" and bf.cpu_isa is None
+    assert ("cpu_kernels: off, they need float32 compute and a float32, bfloat16 or float16 KV cache "
+            "(dtype bfloat16, kv_cache_dtype bfloat16)") in bf.decisions
     gcu = decide(facts(EPYC_AVX2, "gcu:0", _gcu_registry(True, True, True), cpu_kernels_built=True), verify=Verifier())
     assert gcu.cpu_isa is None and gcu.kernels["cpu_kernels"] is False
     composed = decide(facts(EPYC_AVX2, cpu_kernels_built=True), kernels="composed", verify=Verifier())
     assert composed.cpu_isa is None
     with pytest.raises(PlatformError, match="kernels lists cpu_kernels, which cpu cannot run: not available"):
         decide(facts(EPYC_AVX2), kernels="cpu_kernels", verify=Verifier())
+
+
+@pytest.mark.parametrize("cpuinfo,isa", [(ZEN5_VNNI, "avx512_vnni"), (EPYC_AVX2, "avx2_fma"),
+                                         (OLD_SSE_ONLY, "generic")])
+def test_cpu_kernels_serve_a_16bit_kv_cache_and_auto_stays_float32(cpuinfo, isa):
+    auto = decide(facts(cpuinfo, cpu_kernels_built=True), verify=Verifier())
+    assert (auto.kv_cache_dtype, auto.cpu_isa) == ("float32", isa)  # 16-bit is the operator's choice
+    for kv in ("bfloat16", "float16"):
+        plan = decide(facts(cpuinfo, cpu_kernels_built=True), kv_cache_dtype=kv, verify=Verifier())
+        assert (plan.dtype, plan.kv_cache_dtype, plan.cpu_isa) == ("float32", kv, isa)
+        assert plan.kv_gather_dtype == "bfloat16"  # the composed prefill's gather (no float16 index_select)
+        assert plan.opset(64).make_decode_stack is not None
 
 
 def test_this_host_plan_follows_its_cpu_flags(caplog):
@@ -341,6 +355,7 @@ def test_this_host_plan_follows_its_cpu_flags(caplog):
     assert plan.kernels["cpu_kernels"] is True
     vnni = cpu.has("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni")
     assert plan.cpu_isa == ("avx512_vnni" if vnni else "avx2_fma" if cpu.has("avx2", "fma") else "generic")
+    assert plan.kv_cache_dtype == "float32"
     assert composed.kernels == kernels_on(cpu_kernels=False, fused_rms_norm=False, fused_moe=False)
     if not cpu.has("avx512f"):
         with pytest.raises(PlatformError, match="CPU lacks avx512f"):

@@ -12,7 +12,9 @@ with the reason, when it disagrees. The operator's settings are checked first (s
 Decided here:
 - dtype (weights and activations): "auto" is the fastest dtype the place has kernels for
   (bfloat16, then float16, then float32); an explicit dtype the place lacks kernels for is refused.
-- kv_cache_dtype: "auto" follows dtype; a narrower one is storage only (cast on write and read).
+- kv_cache_dtype: "auto" follows dtype. A narrower one (bfloat16 / float16 under float32 compute)
+  is read directly by the C++ CPU kernels (rounded once on write, widened exactly on read);
+  elsewhere it is storage only (cast on write and read).
 - optional kernels ("fused_rms_norm", "fused_moe"): on where the place can run them, unless the
   operator forces the composed path (`kernels: composed`) or names the kernels to use.
 - Paddle flags the place needs (FLAGS_use_stride_kernel off where the device has no `contiguous`).
@@ -52,6 +54,8 @@ FUSED_MOE_OPS = gcu_kernels.FUSED_MOE_OPS
 # The C++ CPU kernels' AVX-512 path (isa "avx512_vnni": vpdpbusd for the int8 x int8 GEMV of wint8,
 # AVX2+FMA code for every other op): the flags its code needs besides avx2 and fma.
 CPU_VNNI_FLAGS = ("avx512f", "avx512bw", "avx512_vnni")
+# The KV cache types the C++ kernels write and read (widened to fp32 when read).
+CPU_KERNEL_KV_DTYPES = ("float32", "bfloat16", "float16")
 # Paddle 3.3's CPU fused_rms_norm (phi::fusion::RmsNormAvxKernel) executes AVX-512 instructions
 # whatever the CPU: on an AVX2-only host the process dies with SIGILL.
 FUSED_RMS_NORM_CPU_FLAGS = ("avx512f",)
@@ -211,8 +215,9 @@ def _cpu_kernels(facts: PlaceFacts, dtype: str, kv: str) -> tuple[bool, str, str
         return False, "the C++ CPU kernels serve the CPU place only; the device's own kernels run", None
     if not facts.cpu_kernels_built:
         return False, f"not available: {facts.cpu_kernels_detail}", None
-    if dtype != "float32" or kv != "float32":
-        return False, f"they need float32 compute and a float32 KV cache (dtype {dtype}, kv_cache_dtype {kv})", None
+    if dtype != "float32" or kv not in CPU_KERNEL_KV_DTYPES:
+        return False, (f"they need float32 compute and a float32, bfloat16 or float16 KV cache (dtype {dtype}, "
+                       f"kv_cache_dtype {kv})"), None
     if facts.cpu.has("avx2", "fma", *CPU_VNNI_FLAGS):
         return (True, "AVX-512 VNNI path for int8 dot products and AVX2+FMA for the rest, the CPU has avx2, fma, "
                 f"{', '.join(CPU_VNNI_FLAGS)}", "avx512_vnni")

@@ -53,7 +53,10 @@ class _Args(ctypes.Structure):
                [("eps", ctypes.c_double), ("scale", ctypes.c_double)] + \
                [(n, ctypes.c_void_p) for n in ("embeddings", "positions", "cos", "sin", "slots", "block_tables",
                                                "context_lens", "final_norm", "layers", "out")] + \
-               [("sgemm", ctypes.c_void_p), ("gemv_max_batch", ctypes.c_int64)]
+               [("sgemm", ctypes.c_void_p), ("gemv_max_batch", ctypes.c_int64), ("kv_dtype", ctypes.c_int64)]
+
+# The C++ KvDtype codes (csrc/kv_dtype.h) of the cache dtypes the kernels read and write.
+_KV_DTYPE_CODE = {paddle.float32: 0, paddle.bfloat16: 1, paddle.float16: 2}
 
 
 @dataclass(frozen=True)
@@ -149,7 +152,8 @@ class DecodeStack:
     Built by `build` (None where a layer's linears are not all of one supported kind); then
     run(h [B, H] fp32 embeddings, positions [B] int64, cos / sin [P, d] fp32 rotary tables,
     slot_mapping [B] int64, block_tables [B, max_blocks] int32, context_lens [B] int32 (keys per
-    sequence, this step's included), kv_caches [(k [kvh, S, d], v) fp32 per layer]) -> [B, H] fp32,
+    sequence, this step's included), kv_caches [(k [kvh, S, d], v) per layer, all float32, bfloat16
+    or float16]) -> [B, H] fp32,
     the final RMSNorm's output, with this step's keys and values written into the caches; None
     when B exceeds the kernels' batch limit (`max_batch`: the caller runs the op-by-op path).
     Raises ValueError (nothing written) for out-of-range positions, slots or block ids, or
@@ -216,17 +220,21 @@ class DecodeStack:
     def _bind_caches(self, kv_caches) -> None:
         a = self._args
         s = None
+        dtype = kv_caches[0][0].dtype if kv_caches else paddle.float32
+        if dtype not in _KV_DTYPE_CODE:
+            raise ValueError(f"decode stack: KV cache dtype {dtype} is not one of float32, bfloat16, float16")
         for i, (k, v) in enumerate(kv_caches):
             for c, what in ((k, "k"), (v, "v")):
                 if list(c.shape[::2]) != [a.kvh, a.d] or (s is not None and c.shape[1] != s):
                     raise ValueError(f"decode stack: layer {i} {what} cache is {list(c.shape)}, expected "
                                      f"[{a.kvh}, slots, {a.d}] with the same slots in every layer")
                 s = c.shape[1]
-            self._layers[i].k_cache = _ptr(k, paddle.float32, f"layer {i} k cache")
-            self._layers[i].v_cache = _ptr(v, paddle.float32, f"layer {i} v cache")
+            self._layers[i].k_cache = _ptr(k, dtype, f"layer {i} k cache")
+            self._layers[i].v_cache = _ptr(v, dtype, f"layer {i} v cache")
         if len(kv_caches) != a.num_layers:
             raise ValueError(f"decode stack: {len(kv_caches)} caches for {a.num_layers} layers")
         a.S = s
+        a.kv_dtype = _KV_DTYPE_CODE[dtype]
         self._caches = kv_caches
 
     def run(self, h: paddle.Tensor, positions: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor,

@@ -40,8 +40,9 @@ def rotary_kv_write(qkv: paddle.Tensor, positions: paddle.Tensor, cos: paddle.Te
 
     qkv: [T, (num_heads + 2 * num_kv_heads) * d] fp32, the fused projection output (q heads, then
     k heads, then v heads); positions: [T] int64; cos, sin: [max_positions, d] fp32 as
-    RotaryTable.cos / .sin build them; k_cache, v_cache: [num_kv_heads, num_slots, d] fp32, written
-    in place at slot_mapping [T] int64 (rotated k, v bit-copied); q_norm, k_norm: optional [d] fp32
+    RotaryTable.cos / .sin build them; k_cache, v_cache: [num_kv_heads, num_slots, d], both float32,
+    bfloat16 or float16, written in place at slot_mapping [T] int64 (rotated k, v bit-copied into an
+    fp32 cache; rounded to nearest even into a 16-bit one); q_norm, k_norm: optional [d] fp32
     per-head RMSNorm weights applied before the rotation (Qwen3), both or neither, with eps.
     Returns the rotated q [T, num_heads, d]. Without q/k norms, q and the cache rows are
     bit-identical to apply_rotary + write_kv. Raises ValueError for a position outside the table or
@@ -58,7 +59,8 @@ def paged_decode_attention(q: paddle.Tensor, k_cache: paddle.Tensor, v_cache: pa
     """Decode attention reading K/V straight from each sequence's blocks.
 
     q: [B, num_heads, d] fp32 (one new token per sequence, already rotated and its k/v already in
-    the cache); k_cache, v_cache: [num_kv_heads, num_blocks * block_size, d] fp32;
+    the cache); k_cache, v_cache: [num_kv_heads, num_blocks * block_size, d], both float32, bfloat16
+    or float16 (widened exactly to fp32 when read; all arithmetic fp32);
     block_tables: [B, max_blocks] int32 (entries past a sequence's last block are ignored);
     context_lens: [B] int32, the keys each query sees (positions 0 .. len-1; 0 gives a zero row).
     Query head h uses KV head h // (num_heads // num_kv_heads); scale is the score factor

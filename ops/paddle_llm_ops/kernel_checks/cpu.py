@@ -221,9 +221,13 @@ def _decode_parts(ck, rng, isa: str) -> dict[str, tuple[float, float]]:
     v_cache = _t(random_array(rng, (kvh, num_blocks * _BLOCK, d)))
     q = _t(random_array(rng, (len(lens), nh, d)))
     scale = 1.0 / np.sqrt(d)
-    got = ck.paged_decode_attention(q, k_cache, v_cache, _t(tables), _t(np.asarray(lens, np.int32)), scale,
-                                    _BLOCK, isa)
-    return {"paged_decode_attention": difference(got, _decode_reference(q, k_cache, v_cache, tables, lens, scale))}
+    parts = {}
+    for kv_dtype in ("float32", "bfloat16", "float16"):  # the cache types the kernels read
+        kc, vc = k_cache.astype(kv_dtype), v_cache.astype(kv_dtype)
+        got = ck.paged_decode_attention(q, kc, vc, _t(tables), _t(np.asarray(lens, np.int32)), scale, _BLOCK, isa)
+        ref = _decode_reference(q, kc.astype("float32"), vc.astype("float32"), tables, lens, scale)
+        parts[f"paged_decode_attention ({kv_dtype} cache)"] = difference(got, ref)
+    return parts
 
 
 @register("cpu_kernels", build_id=_library_build)

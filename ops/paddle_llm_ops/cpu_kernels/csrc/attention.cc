@@ -4,6 +4,7 @@
 //   out[b, h] = softmax_p(scale * q[b, h] . K[g, slot(b, p)]) . V[g, slot(b, p)],  p < context_lens[b]
 //   g = h / (nh / kvh) (grouped-query attention), slot(b, p) = block_tables[b, p / bs] * bs + p % bs
 //
+// K/V may be stored as fp32, bfloat16 or fp16 (kv_dtype.h); arithmetic is fp32 throughout.
 // Softmax is computed online (running max and sum, rescaled per sub-block of <= 64 positions), so
 // it never overflows; the G = nh / kvh query heads of one KV head share each K/V row read.
 // Work is split into tasks (sequence, KV head, chunk of blocks); long contexts are cut into several
@@ -59,9 +60,31 @@ PLK_AVX2 inline float hadd256(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(a, _mm_movehdup_ps(a)));
 }
 
-// One sub-block of n <= kSub contiguous positions (rows k, v of d floats) for G heads.
-PLK_AVX2 void sub_block_avx2(const float* q, int64_t G, int64_t d, float scale, const float* k, const float* v, int n,
-                             float* acc /* G x (d + 2) */) {
+// Loaders of 8 consecutive cache values as fp32 lanes, one per cache type: the 16-bit ones widen in
+// registers (exactly), so the kernel reads half the bytes and computes what it computes over fp32.
+#define PLK_AVX2_F16C __attribute__((target("avx2,fma,f16c")))
+struct KvF32 {
+  using T = float;
+  PLK_AVX2_F16C static inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+};
+struct KvBf16 {
+  using T = uint16_t;
+  PLK_AVX2_F16C static inline __m256 load8(const uint16_t* p) {
+    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  }
+};
+struct KvF16 {  // F16C: entered only where the CPU has it (cpu_has_f16c)
+  using T = uint16_t;
+  PLK_AVX2_F16C static inline __m256 load8(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+};
+
+// One sub-block of n <= kSub contiguous positions (rows k, v of d values of the cache type) for G heads.
+template <class L>
+PLK_AVX2_F16C void sub_block_avx2(const float* q, int64_t G, int64_t d, float scale, const typename L::T* k,
+                                  const typename L::T* v, int n, float* acc /* G x (d + 2) */) {
   alignas(32) float s[kSub + 8];
   const __m256 vscale = _mm256_set1_ps(scale);
   for (int64_t h = 0; h < G; ++h) {
@@ -74,13 +97,13 @@ PLK_AVX2 void sub_block_avx2(const float* q, int64_t G, int64_t d, float scale, 
       for (int i = 0; i < 8; ++i) a8[i] = _mm256_setzero_ps();
       for (int64_t e = 0; e < d; e += 8) {
         __m256 qv = _mm256_loadu_ps(qh + e);
-        for (int i = 0; i < 8; ++i) a8[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + (j + i) * d + e), a8[i]);
+        for (int i = 0; i < 8; ++i) a8[i] = _mm256_fmadd_ps(qv, L::load8(k + (j + i) * d + e), a8[i]);
       }
       _mm256_store_ps(s + j, _mm256_mul_ps(hsum8x8(a8), vscale));
     }
     for (; j < n; ++j) {
       __m256 a1 = _mm256_setzero_ps();
-      for (int64_t e = 0; e < d; e += 8) a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + e), _mm256_loadu_ps(k + j * d + e), a1);
+      for (int64_t e = 0; e < d; e += 8) a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + e), L::load8(k + j * d + e), a1);
       s[j] = hadd256(a1) * scale;
     }
     // online softmax update
@@ -110,8 +133,8 @@ PLK_AVX2 void sub_block_avx2(const float* q, int64_t G, int64_t d, float scale, 
       for (int64_t i = 0; i < ne; ++i) o[i] = _mm256_mul_ps(_mm256_loadu_ps(st + e0 + i * 8), va);
       for (int jj = 0; jj < n; ++jj) {
         __m256 p = _mm256_set1_ps(s[jj]);
-        const float* vr = v + jj * d + e0;
-        for (int64_t i = 0; i < ne; ++i) o[i] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + i * 8), o[i]);
+        const typename L::T* vr = v + jj * d + e0;
+        for (int64_t i = 0; i < ne; ++i) o[i] = _mm256_fmadd_ps(p, L::load8(vr + i * 8), o[i]);
       }
       for (int64_t i = 0; i < ne; ++i) _mm256_storeu_ps(st + e0 + i * 8, o[i]);
     }
@@ -166,14 +189,41 @@ void run_tasks(void* ctx, int64_t t0, int64_t t1) {
     }
     const float* q = a.q + (static_cast<int64_t>(tk.b) * a.nh + tk.g * G) * d;
     const int32_t* bt = a.block_tables + static_cast<int64_t>(tk.b) * a.max_blocks;
+    // The AVX2 kernel reads every cache type in place (KvF16 needs F16C); the generic kernel, and
+    // fp16 on a CPU without F16C, widen each sub-block into fp32 scratch (L1-sized: kSub x d) first.
+    const KvDtype kt = a.kv_dtype;
+    const bool in_place = kt == KvDtype::kF32 || (AVX && (kt == KvDtype::kBf16 || cpu_has_f16c()));
+    const int64_t esize = kv_elem_bytes(kt);
+    thread_local std::vector<float> kbuf, vbuf;
+    if (!in_place && static_cast<int64_t>(kbuf.size()) < kSub * d) {
+      kbuf.resize(kSub * d);
+      vbuf.resize(kSub * d);
+    }
     for (int64_t p = tk.p0; p < tk.p1;) {
       const int64_t blk = bt[p / bs], off = p % bs;
       const int64_t n = std::min<int64_t>(std::min<int64_t>(bs - off, tk.p1 - p), kSub);
       const int64_t row = (static_cast<int64_t>(tk.g) * a.S + blk * bs + off) * d;
-      if (AVX)
-        sub_block_avx2(q, G, d, a.scale, a.k_cache + row, a.v_cache + row, static_cast<int>(n), acc);
-      else
-        sub_block_generic(q, G, d, a.scale, a.k_cache + row, a.v_cache + row, static_cast<int>(n), acc);
+      const char* kp = static_cast<const char*>(a.k_cache) + row * esize;
+      const char* vp = static_cast<const char*>(a.v_cache) + row * esize;
+      const float *k = reinterpret_cast<const float*>(kp), *v = reinterpret_cast<const float*>(vp);
+      if (!in_place) {
+        kv_load(kt, kp, kbuf.data(), n * d);
+        kv_load(kt, vp, vbuf.data(), n * d);
+        k = kbuf.data();
+        v = vbuf.data();
+      }
+      const int ni = static_cast<int>(n);
+      if (!AVX) {
+        sub_block_generic(q, G, d, a.scale, k, v, ni, acc);
+      } else if (in_place && kt == KvDtype::kBf16) {
+        auto* k16 = reinterpret_cast<const uint16_t*>(kp);
+        sub_block_avx2<KvBf16>(q, G, d, a.scale, k16, reinterpret_cast<const uint16_t*>(vp), ni, acc);
+      } else if (in_place && kt == KvDtype::kF16) {
+        auto* k16 = reinterpret_cast<const uint16_t*>(kp);
+        sub_block_avx2<KvF16>(q, G, d, a.scale, k16, reinterpret_cast<const uint16_t*>(vp), ni, acc);
+      } else {
+        sub_block_avx2<KvF32>(q, G, d, a.scale, k, v, ni, acc);
+      }
       p += n;
     }
   }
@@ -193,6 +243,8 @@ void paged_decode_attention(Isa isa, const DecodeAttnArgs& a) {
   const int64_t G = a.nh / a.kvh, d = a.d, bs = a.block_size;
   int64_t total = 0;
   for (int64_t b = 0; b < a.B; ++b) total += a.context_lens[b];
+  // Sized as fp32 whatever the cache type: a 16-bit cache reads half the bytes but does the same
+  // arithmetic plus the widening, and the same thread count keeps its results equal to fp32's.
   const int64_t kv_bytes = total * a.kvh * d * 4 * 2;
   const int threads = threads_for(kv_bytes, kAttnBytesPerThread);
   // Chunk length: whole contexts when there are enough (sequence, KV head) tasks for the threads,

@@ -100,6 +100,8 @@ bool check(const PlkDecodeStack& a, Err& e) {
   if (a.isa == static_cast<int64_t>(Isa::kAvx512Vnni) && !cpu_has_avx512_vnni())
     return e.fail("isa 'avx512_vnni' requested but this CPU (or OS) does not support AVX-512 F/BW/VNNI");
   if (a.isa < 0 || a.isa > 2) return e.fail("unknown isa %lld", (long long)a.isa);
+  if (a.kv_dtype < 0 || a.kv_dtype > 2)
+    return e.fail("unknown kv_dtype %lld (0 float32, 1 bfloat16, 2 float16)", (long long)a.kv_dtype);
   if (a.B < 1 || a.H < 1 || a.I < 1 || a.num_layers < 1) return e.fail("B, H, I and num_layers must be positive");
   if (a.nh < 1 || a.kvh < 1 || a.nh % a.kvh || a.nh / a.kvh > 16)
     return e.fail("num_heads %lld must be a multiple of num_kv_heads %lld, at most 16 per KV head", (long long)a.nh,
@@ -178,6 +180,7 @@ void decode_stack(const PlkDecodeStack& a) {
   r.kvh = kvh;
   r.d = d;
   r.S = a.S;
+  r.kv_dtype = static_cast<KvDtype>(a.kv_dtype);
   DecodeAttnArgs at{};
   at.q = q;
   at.block_tables = a.block_tables;
@@ -191,6 +194,7 @@ void decode_stack(const PlkDecodeStack& a) {
   at.max_blocks = a.max_blocks;
   at.block_size = a.block_size;
   at.scale = static_cast<float>(a.scale);
+  at.kv_dtype = static_cast<KvDtype>(a.kv_dtype);
 
   bool have_delta = false;  // proj holds the previous layer's MLP output, not yet added to h
   for (int64_t i = 0; i < a.num_layers; ++i) {

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "common.h"
+#include "kv_dtype.h"
 
 namespace plk {
 
@@ -58,21 +59,23 @@ struct RotaryKvArgs {
   const float* k_norm;     // [d] or null
   float eps;
   float* q_out;            // [T, nh, d]
-  float* k_cache;          // [kvh, S, d]
-  float* v_cache;          // [kvh, S, d]
+  void* k_cache;           // [kvh, S, d] in kv_dtype
+  void* v_cache;           // [kvh, S, d] in kv_dtype
   int64_t T, nh, kvh, d, S;
+  KvDtype kv_dtype;
 };
 void rotary_kv_write(Isa isa, const RotaryKvArgs& a);
 
 struct DecodeAttnArgs {
   const float* q;          // [B, nh, d]
-  const float* k_cache;    // [kvh, S, d]
-  const float* v_cache;
+  const void* k_cache;     // [kvh, S, d] in kv_dtype
+  const void* v_cache;
   const int32_t* block_tables;  // [B, max_blocks]
   const int32_t* context_lens;  // [B]
   float* out;              // [B, nh * d]
   int64_t B, nh, kvh, d, S, max_blocks, block_size;
   float scale;
+  KvDtype kv_dtype;
 };
 void paged_decode_attention(Isa isa, const DecodeAttnArgs& a);
 
@@ -99,8 +102,8 @@ struct PlkLayer {
   const float* q_norm;     // [d] or null (Qwen3's per-head norms; both or neither)
   const float* k_norm;
   PlkLinear qkv, o, gate_up, down;  // [(nh + 2 kvh) d, H], [H, nh d], [2I, H] (gate rows first), [H, I]
-  float* k_cache;          // [kvh, S, d]
-  float* v_cache;
+  void* k_cache;           // [kvh, S, d] in the stack's kv_dtype
+  void* v_cache;
 };
 
 struct PlkDecodeStack {
@@ -122,6 +125,7 @@ struct PlkDecodeStack {
   // the result equals the op-by-op path's paddle.matmul); null: the GEMV at any batch.
   const void* sgemm;
   int64_t gemv_max_batch;
+  int64_t kv_dtype;             // KvDtype of every layer's cache
 };
 void decode_stack(const PlkDecodeStack& a);
 

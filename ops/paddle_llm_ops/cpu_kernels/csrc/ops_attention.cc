@@ -10,10 +10,25 @@ namespace {
 using namespace plk_ops;
 
 // ---------------------------------------------------------------------------- rotary + KV write
-void check_cache(const Tensor& c, const char* name, int64_t kvh, int64_t d) {
-  check_tensor(c, name, DataType::FLOAT32, 3);
+// The cache's element type (float32, bfloat16 or float16; kv_dtype.h) after its checks.
+plk::KvDtype check_cache(const Tensor& c, const char* name, int64_t kvh, int64_t d) {
+  const DataType t = c.dtype();
+  PD_CHECK(t == DataType::FLOAT32 || t == DataType::BFLOAT16 || t == DataType::FLOAT16, name, " has dtype ", t,
+           ", expected float32, bfloat16 or float16");
+  check_tensor(c, name, t, 3);
   PD_CHECK(c.shape()[0] == kvh && c.shape()[2] == d, name, " must be [num_kv_heads=", kvh, ", slots, head_dim=", d,
            "], got [", c.shape()[0], ", ", c.shape()[1], ", ", c.shape()[2], "]");
+  return t == DataType::FLOAT32 ? plk::KvDtype::kF32 : t == DataType::BFLOAT16 ? plk::KvDtype::kBf16
+                                                                                : plk::KvDtype::kF16;
+}
+
+plk::KvDtype check_caches(const Tensor& k_cache, const Tensor& v_cache, int64_t kvh, int64_t d) {
+  const plk::KvDtype t = check_cache(k_cache, "k_cache", kvh, d);
+  check_cache(v_cache, "v_cache", kvh, d);
+  PD_CHECK(v_cache.dtype() == k_cache.dtype(), "k_cache and v_cache must have one dtype, got ", k_cache.dtype(),
+           " and ", v_cache.dtype());
+  PD_CHECK(v_cache.shape()[1] == k_cache.shape()[1], "k_cache and v_cache must have the same number of slots");
+  return t;
 }
 
 std::vector<Tensor> RotaryKv(const Tensor& qkv, const Tensor& positions, const Tensor& cos, const Tensor& sin,
@@ -34,10 +49,8 @@ std::vector<Tensor> RotaryKv(const Tensor& qkv, const Tensor& positions, const T
   check_tensor(slot_mapping, "slot_mapping", DataType::INT64, 1);
   PD_CHECK(positions.shape()[0] == T && slot_mapping.shape()[0] == T, "positions and slot_mapping must be [T=", T,
            "]");
-  check_cache(k_cache, "k_cache", num_kv_heads, d);
-  check_cache(v_cache, "v_cache", num_kv_heads, d);
+  const plk::KvDtype kv_dtype = check_caches(k_cache, v_cache, num_kv_heads, d);
   const int64_t S = k_cache.shape()[1];
-  PD_CHECK(v_cache.shape()[1] == S, "k_cache and v_cache must have the same number of slots");
   const int64_t* pos = positions.data<int64_t>();
   const int64_t* slots = slot_mapping.data<int64_t>();
   for (int64_t t = 0; t < T; ++t) {
@@ -56,8 +69,9 @@ std::vector<Tensor> RotaryKv(const Tensor& qkv, const Tensor& positions, const T
   a.eps = eps;
   Tensor q_out = paddle::empty({T, num_heads, d}, DataType::FLOAT32, paddle::CPUPlace());
   a.q_out = q_out.data<float>();
-  a.k_cache = k_cache.data<float>();
-  a.v_cache = v_cache.data<float>();
+  a.k_cache = k_cache.data();
+  a.v_cache = v_cache.data();
+  a.kv_dtype = kv_dtype;
   a.T = T;
   a.nh = num_heads;
   a.kvh = num_kv_heads;
@@ -74,11 +88,9 @@ std::vector<Tensor> DecodeAttention(const Tensor& q, const Tensor& k_cache, cons
   plk::Isa i = parse_isa(isa);
   check_tensor(q, "q", DataType::FLOAT32, 3);
   const int64_t B = q.shape()[0], nh = q.shape()[1], d = q.shape()[2];
-  check_tensor(k_cache, "k_cache", DataType::FLOAT32, 3);
+  PD_CHECK(k_cache.shape().size() == 3, "k_cache must have 3 dims, got ", k_cache.shape().size());
   const int64_t kvh = k_cache.shape()[0], S = k_cache.shape()[1];
-  check_cache(k_cache, "k_cache", kvh, d);
-  check_cache(v_cache, "v_cache", kvh, d);
-  PD_CHECK(v_cache.shape()[1] == S, "k_cache and v_cache must have the same number of slots");
+  const plk::KvDtype kv_dtype = check_caches(k_cache, v_cache, kvh, d);
   PD_CHECK(nh % kvh == 0, "num_heads ", nh, " is not a multiple of num_kv_heads ", kvh);
   PD_CHECK(nh / kvh <= 16, "at most 16 query heads per KV head, got ", nh / kvh);
   PD_CHECK(block_size > 0 && S % block_size == 0, "block_size ", block_size, " must divide the cache slots ", S);
@@ -99,8 +111,9 @@ std::vector<Tensor> DecodeAttention(const Tensor& q, const Tensor& k_cache, cons
   Tensor out = paddle::empty({B, nh * d}, DataType::FLOAT32, paddle::CPUPlace());
   plk::DecodeAttnArgs a{};
   a.q = q.data<float>();
-  a.k_cache = k_cache.data<float>();
-  a.v_cache = v_cache.data<float>();
+  a.k_cache = k_cache.data();
+  a.v_cache = v_cache.data();
+  a.kv_dtype = kv_dtype;
   a.block_tables = bt;
   a.context_lens = lens;
   a.out = out.data<float>();
@@ -123,10 +136,10 @@ Shapes RotaryShape(const std::vector<int64_t>& qkv, const std::vector<int64_t>&,
                    const paddle::optional<std::vector<int64_t>>&, int num_heads, int, float, const std::string&) {
   return {{qkv[0], num_heads, cos[1]}, kc, vc};
 }
-Dtypes RotaryDtype(const DataType&, const DataType&, const DataType&, const DataType&, const DataType&,
-                   const DataType&, const DataType&, const paddle::optional<DataType>&,
+Dtypes RotaryDtype(const DataType&, const DataType&, const DataType&, const DataType&, const DataType& kc,
+                   const DataType& vc, const DataType&, const paddle::optional<DataType>&,
                    const paddle::optional<DataType>&) {
-  return {DataType::FLOAT32, DataType::FLOAT32, DataType::FLOAT32};
+  return {DataType::FLOAT32, kc, vc};
 }
 Shapes AttnShape(const std::vector<int64_t>& q, const std::vector<int64_t>&, const std::vector<int64_t>&,
                  const std::vector<int64_t>&, const std::vector<int64_t>&) {

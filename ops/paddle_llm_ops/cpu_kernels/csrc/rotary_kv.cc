@@ -2,6 +2,7 @@
 //   q_out[t, i]        = rope(norm_q(q[t, i]), pos[t])                 for query heads i
 //   k_cache[j, slot[t]] = rope(norm_k(k[t, j]), pos[t])                for KV heads j
 //   v_cache[j, slot[t]] = v[t, j]                                      (bit copy)
+// A 16-bit cache (kv_dtype.h) stores k and v rounded to its type; q_out is fp32 either way.
 // rope(x)[i]     = x[i] * cos[i]     - x[i + h] * sin[i]        (i < h = d / 2)
 // rope(x)[i + h] = x[i + h] * cos[i + h] + x[i] * sin[i + h]
 // with each product rounded and then added (no FMA: -ffp-contract=off), which is exactly what
@@ -57,7 +58,10 @@ void tokens(void* ctx, int64_t t0, int64_t t1) {
   const Ctx& c = *static_cast<const Ctx*>(ctx);
   const RotaryKvArgs& a = *c.a;
   const int64_t d = a.d, W = (a.nh + 2 * a.kvh) * d;
-  float normed[1024];  // d <= 1024 (checked in ops_attention.cc)
+  float normed[1024], rotated[1024];  // d <= 1024 (checked in ops_attention.cc)
+  const int64_t esize = kv_elem_bytes(a.kv_dtype);
+  char* kc = static_cast<char*>(a.k_cache);
+  char* vc = static_cast<char*>(a.v_cache);
   auto rope = [&](const float* x, const float* cs, const float* sn, float* out) {
     if (c.avx)
       rope_avx2(x, cs, sn, d, out);
@@ -83,8 +87,16 @@ void tokens(void* ctx, int64_t t0, int64_t t1) {
         head_norm(src, a.k_norm, a.eps, d, normed);
         src = normed;
       }
-      rope(src, cs, sn, a.k_cache + (j * a.S + slot) * d);
-      std::memcpy(a.v_cache + (j * a.S + slot) * d, row + (a.nh + a.kvh + j) * d, d * sizeof(float));
+      const int64_t at = (j * a.S + slot) * d * esize;
+      const float* v = row + (a.nh + a.kvh + j) * d;
+      if (a.kv_dtype == KvDtype::kF32) {
+        rope(src, cs, sn, reinterpret_cast<float*>(kc + at));
+        std::memcpy(vc + at, v, d * sizeof(float));
+      } else {  // rounded once, here (kv_dtype.h)
+        rope(src, cs, sn, rotated);
+        kv_store(a.kv_dtype, rotated, kc + at, d);
+        kv_store(a.kv_dtype, v, vc + at, d);
+      }
     }
   }
 }
