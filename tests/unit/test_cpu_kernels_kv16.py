@@ -13,17 +13,9 @@ import pytest
 
 import paddle_llm_ops.cpu_kernels as ck
 from paddle_llm_ops.rotary import RotaryTable
-from test_cpu_kernels import ISA_PARAMS, _numpy_decode, _paged_case, _rotary_case, t
+from test_cpu_kernels import ISA_PARAMS, _kernels, _numpy_decode, _paged_case, _rotary_case, t  # noqa: F401 (autouse)
 
 KV16 = ["bfloat16", "float16"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _kernels():
-    paddle.set_device("cpu")
-    ck.load()
-    yield
-    ck.set_num_threads(0)
 
 
 def rounded(x: np.ndarray, dtype: str) -> np.ndarray:
