@@ -147,7 +147,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert self.bm.num_free_blocks == self.bm.num_blocks
 
 
-SchedulerMachine.TestCase.settings = settings(max_examples=75, stateful_step_count=40, deadline=None, database=None,
+SchedulerMachine.TestCase.settings = settings(max_examples=50, stateful_step_count=40, deadline=None, database=None,
                                               suppress_health_check=[HealthCheck.too_slow])
 TestScheduler = SchedulerMachine.TestCase
-pytestmark = pytest.mark.slow  # a property search of about 30 s: the full tier only
+pytestmark = pytest.mark.slow  # a property search of about 15-20 s: the full tier only

@@ -130,7 +130,8 @@ class LLMMetrics:
             self._flush_counts()
 
     def _count(self, fan: "Fan", n: int) -> None:
-        """Add n to a counter at the end of this pass (one IPC per counter per pass, not per output)."""
+        """Add n to a counter at the end of this pass, or before the next finished request's counters
+        (one IPC per counter per pass, not per output)."""
         self._counts[fan] = self._counts.get(fan, 0) + n
 
     def _flush_counts(self) -> None:
@@ -226,6 +227,8 @@ class LLMMetrics:
         if out.sequence_finished and out.num_reasoning_tokens:  # once per sequence, its total
             self._count(self.fans.reasoning_tokens, out.num_reasoning_tokens)
         if out.finished:
+            # the request's token counts first: a scrape that sees it finished sees all its tokens
+            self._flush_counts()
             del self._reqs[out.request_id]
             self.fans.requests.get(out.finish_reason or "error", self.fans.requests["error"]).increment(1)
             if out.rejected:
