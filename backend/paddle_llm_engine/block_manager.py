@@ -29,6 +29,13 @@ def chain_hash(parent: int | None, tokens: tuple[int, ...]) -> int:
     return hash((parent, tokens))
 
 
+def first_parent(seq: Sequence) -> int | None:
+    """The parent hash of a sequence's first block: None for the base model; for a LoRA sequence
+    a value of its adapter's lora_id, so blocks computed with different adapters (different K/V for
+    the same tokens) never match each other or the base model's."""
+    return None if seq.lora is None else hash(("lora", seq.lora.lora_id))
+
+
 class BlockManager:
     """Owns `num_blocks` KV blocks of `block_size` tokens each. Never touches tensors."""
 
@@ -143,7 +150,7 @@ class BlockManager:
         logits are needed, so at least one token is always computed."""
         bs = self.block_size
         max_blocks = (seq.num_tokens - 1) // bs
-        hits, parent = [], None
+        hits, parent = [], first_parent(seq)
         for i in range(max_blocks):
             tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
             h = chain_hash(parent, tokens)
@@ -190,7 +197,7 @@ class BlockManager:
         bs = self.block_size
         full = seq.num_computed_tokens // bs
         for i in range(len(seq.block_hashes), full):
-            parent = seq.block_hashes[-1] if seq.block_hashes else None
+            parent = seq.block_hashes[-1] if seq.block_hashes else first_parent(seq)
             tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
             h = chain_hash(parent, tokens)
             seq.block_hashes.append(h)

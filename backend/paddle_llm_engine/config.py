@@ -225,6 +225,17 @@ class EngineConfig:
         template thinks and its tokenizer has the markers; else off, logged once), "none", or a
         family (qwen3, ernie45, deepseek_r1; reasoning/registry.py). A thinking span is what
         reasoning_max_tokens budgets, what guided decoding waits for, and what the outputs split.
+    enable_lora: 1 serves LoRA adapters (HF PEFT folders) of this base model beside it: requests
+        name one (lora_name) and rows of different adapters share a step (lora/,
+        docs/features/lora.md); 0 (the default): every LoRA field is refused.
+    lora_modules: adapters loaded at start, "name=path" entries separated by commas or spaces
+        (vLLM's --lora-modules), or a JSON list of {"name": ..., "path": ...}; needs enable_lora.
+        A bad folder stops the start, naming the adapter and the field.
+    max_loras: adapters one step may use (device slots; vLLM's name); requests of a further adapter
+        wait until a slot's adapter has no running request (>= 1).
+    max_lora_rank: the largest LoRA rank accepted (adapters above it are refused at load).
+    max_cpu_loras: prepared adapter copies each worker keeps in host memory (least recently used
+        dropped first, read again from the folder when needed); 0 = max_loras.
     """
 
     model_dir: str
@@ -262,6 +273,11 @@ class EngineConfig:
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
     reasoning_parser: str = "auto"
+    enable_lora: int = 0
+    lora_modules: str = ""
+    max_loras: int = 4
+    max_lora_rank: int = 16
+    max_cpu_loras: int = 0
     max_waiting_requests: InitVar[int | None] = None
 
     def __post_init__(self, max_waiting_requests: int | None) -> None:
@@ -306,6 +322,7 @@ class EngineConfig:
             if not (math.isfinite(self.tp_join_timeout_s) and self.tp_join_timeout_s > 0):
                 raise ValueError(f"tp_join_timeout_s must be > 0, got {self.tp_join_timeout_s}")
         self.validate_speculative()
+        self.validate_lora()
         for name in ("kv_events_endpoint", "kv_events_replay_endpoint"):
             v = getattr(self, name).strip()
             if v and not v.startswith(("tcp://", "ipc://")):
@@ -333,6 +350,55 @@ class EngineConfig:
         if not (0.0 <= self.kv_cache_memory_fraction <= 1.0):
             raise ValueError(f"kv_cache_memory_fraction must be 0 (off) or in (0, 1], "
                              f"got {self.kv_cache_memory_fraction}")
+
+    def validate_lora(self) -> None:
+        """Check the LoRA settings (ValueError naming the field) and resolve max_cpu_loras 0."""
+        if self.enable_lora not in (0, 1):
+            raise ValueError(f"enable_lora must be 0 or 1, got {self.enable_lora}")
+        if self.max_loras < 1:
+            raise ValueError(f"max_loras must be >= 1, got {self.max_loras}")
+        if not 1 <= self.max_lora_rank <= 1024:
+            raise ValueError(f"max_lora_rank must be in 1..1024, got {self.max_lora_rank}")
+        if self.max_cpu_loras < 0:
+            raise ValueError(f"max_cpu_loras must be >= 0 (0 = max_loras), got {self.max_cpu_loras}")
+        if self.max_cpu_loras == 0:
+            self.max_cpu_loras = self.max_loras
+        if self.lora_module_entries() and not self.enable_lora:
+            raise ValueError("lora_modules needs enable_lora 1")
+
+    def lora_module_entries(self) -> list[tuple[str, str]]:
+        """[(name, path)] of lora_modules: "name=path" entries separated by commas or whitespace, or
+        a JSON list of {"name", "path"} objects. Raises ValueError naming lora_modules for an entry
+        without a name or path, or a name given twice."""
+        import json
+
+        text = self.lora_modules.strip()
+        if not text:
+            return []
+        out: list[tuple[str, str]] = []
+        if text.startswith("["):
+            try:
+                items = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"lora_modules: not valid JSON ({e})") from None
+            for it in items if isinstance(items, list) else [None]:
+                if not isinstance(it, dict) or not isinstance(it.get("name"), str) or not isinstance(it.get("path"), str):
+                    raise ValueError(f'lora_modules: each JSON entry must be {{"name": str, "path": str}}, got {it!r}')
+                out.append((it["name"].strip(), it["path"].strip()))
+        else:
+            for entry in text.replace(",", " ").split():
+                name, eq, path = entry.partition("=")
+                if not eq:
+                    raise ValueError(f"lora_modules: entry {entry!r} is not name=path")
+                out.append((name.strip(), path.strip()))
+        for name, path in out:
+            if not name or not path:
+                raise ValueError(f"lora_modules: an entry needs a name and a path, got {name!r}={path!r}")
+        names = [n for n, _ in out]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"lora_modules: adapter name(s) given twice: {', '.join(dup)}")
+        return out
 
     @property
     def speculative(self) -> bool:

@@ -74,8 +74,10 @@ class LLMEngine:
         if config.speculative:
             self.proposer = NgramProposer(config.num_speculative_tokens, config.prompt_lookup_min,
                                           config.prompt_lookup_max, config.max_model_len)
+        self.loras = self._start_loras()  # None: LoRA off
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
-                                   config.prefill_chunk_size, self.proposer, config.scheduling_policy)
+                                   config.prefill_chunk_size, self.proposer, config.scheduling_policy,
+                                   config.max_loras if self.loras is not None else 0)
         self.kv_events = start_kv_events(config, self.block_manager, self.device)  # None when off
         # speculative decoding counters (vLLM's spec-decode metrics), since start
         self.spec_num_drafts = 0
@@ -95,11 +97,50 @@ class LLMEngine:
         self.reasoning = EngineReasoning(config.reasoning_parser, self.model_config.model_type,
                                          _chat_template(self.tokenizer), self.tokenizer)
         self.checker = RequestChecker(config.max_model_len, self.model_config.vocab_size, self.tokenizer,
-                                      self.eos_token_ids, self.guided, self.reasoning)
+                                      self.eos_token_ids, self.guided, self.reasoning, self.loras)
         log.info("engine ready on %s in %.1f s: max_model_len %d, max_num_seqs %d, max_num_batched_tokens %d, "
                  "max concurrent tokens %d", self.device, time.monotonic() - t0, config.max_model_len,
                  config.max_num_seqs, config.max_num_batched_tokens,
                  self.executor.num_kv_blocks * config.block_size)
+
+    # -- LoRA adapters (lora/) ------------------------------------------------------------------
+    def _start_loras(self):
+        """The LoraRegistry with the lora_modules loaded, or None when enable_lora is 0. Raises
+        LoraError (a ValueError) naming the adapter and the field for a folder it cannot use."""
+        if not self.config.enable_lora:
+            return None
+        from paddle_llm_engine.lora import LoraRegistry
+
+        moe = self.model_config.moe
+        registry = LoraRegistry(self.model_config, self.config.max_loras, self.config.max_lora_rank,
+                                frozenset(moe.layers) if moe is not None else frozenset())
+        for name, path in self.config.lora_module_entries():
+            a = registry.add(name, path)
+            log.info("LoRA adapter %r loaded from %s: rank %d, %d projections", name, path, a.rank, len(a.modules))
+        return registry
+
+    def _lora_registry(self):
+        if self.loras is None:
+            from paddle_llm_engine.lora import LoraError
+
+            raise LoraError("enable_lora", "this model serves no LoRA adapters (enable_lora is 0)")
+        return self.loras
+
+    def add_lora(self, name: str, path: str):
+        """Load the PEFT LoRA folder `path` as adapter `name` (any thread; the workers read its
+        weights when a step first uses it). Returns the lora.LoraAdapter. Raises LoraError (an
+        InvalidRequestError) naming the field: enable_lora (LoRA off), lora_name (the name is loaded
+        from another folder), lora_path / target_modules / r / ... (lora/adapter.py read_adapter)."""
+        return self._lora_registry().add(name, path)
+
+    def remove_lora(self, name: str):
+        """Unload adapter `name` (any thread): new requests for it are refused, running ones finish
+        with it. Returns the unloaded LoraAdapter; LoraError (lora_name, enable_lora) otherwise."""
+        return self._lora_registry().remove(name)
+
+    def list_loras(self) -> list:
+        """The loaded lora.LoraAdapter objects in load order ([] when LoRA is off)."""
+        return [] if self.loras is None else self.loras.adapters()
 
     def info(self) -> dict[str, str]:
         """What this engine runs on, as strings: device, dtype, kv_cache_dtype, kernels (the optional
@@ -236,7 +277,17 @@ class LLMEngine:
                            num_preemptions_total=sch.num_preemptions,
                            spec_num_drafts=self.spec_num_drafts, spec_num_draft_tokens=self.spec_num_draft_tokens,
                            spec_num_accepted_tokens=self.spec_num_accepted_tokens,
-                           spec_accepted_per_pos=tuple(self.spec_accepted_per_pos))
+                           spec_accepted_per_pos=tuple(self.spec_accepted_per_pos),
+                           **self._lora_stats())
+
+    def _lora_stats(self) -> dict:
+        """vLLM's lora_requests_info labels: the adapters of running and of waiting sequences."""
+        if self.loras is None:
+            return {}
+        sch = self.scheduler
+        return {"max_loras": self.config.max_loras,
+                "lora_running": tuple(sorted({s.lora.name for s in sch.running if s.lora is not None})),
+                "lora_waiting": tuple(sorted({s.lora.name for s in sch.waiting if s.lora is not None}))}
 
     def close(self) -> None:
         """Release the executor's processes (tensor parallel workers) and the guided-decoding mask
@@ -261,7 +312,11 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         if not sched.scheduled:
             return expired
-        step = build_step(sched.scheduled, sched.copies, self._forks_of)
+        lora_slots, lora_loads = None, ()
+        if self.loras is not None:
+            lora_slots, lora_loads = self.loras.assign_slots([s.seq.lora for s in sched.scheduled
+                                                              if s.seq.lora is not None])
+        step = build_step(sched.scheduled, sched.copies, self._forks_of, lora_slots, lora_loads)
         logits = self.executor.execute(step)
         self.num_steps += 1
         outputs = expired + self._update_from_output(sched.scheduled, step, logits, return_logits)

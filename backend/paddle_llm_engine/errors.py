@@ -18,6 +18,7 @@ class ErrorCode(enum.Enum):
     INVALID_SAMPLING_PARAM = "invalid_sampling_param"  # a SamplingParams field out of its range
     INVALID_GUIDE = "invalid_guide"  # a guided-decoding constraint that does not compile
     INVALID_REASONING = "invalid_reasoning"  # a reasoning parser or budget this engine cannot apply
+    INVALID_LORA = "invalid_lora"  # an unknown LoRA adapter, or an adapter folder the engine cannot use
 
 
 class InvalidRequestError(ValueError):

@@ -89,6 +89,9 @@ class EngineStats:
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
     spec_accepted_per_pos: tuple = ()
+    max_loras: int = 0  # LoRA (0: off): device slots, and the adapter names of running / waiting sequences
+    lora_running: tuple = ()
+    lora_waiting: tuple = ()
 
     @property
     def kv_usage_ratio(self) -> float:

@@ -29,7 +29,8 @@ class PreparedRequest:
     bad_words_ids: params.bad_words tokenized plus params.bad_words_ids; guides: one compiled
     guided.GuideState per sequence (params.n of them) when params.guide is set, else ();
     reasoning: the request's bound reasoning parser, or None (no thinking span); thinks_at_start:
-    whether its output starts inside the thinking span (ReasoningParser.thinks_at_start)."""
+    whether its output starts inside the thinking span (ReasoningParser.thinks_at_start); lora: the
+    LoRA adapter params.lora_name names, as loaded when the request was accepted (None: the base)."""
 
     prompt_token_ids: tuple[int, ...]
     params: SamplingParams
@@ -39,6 +40,7 @@ class PreparedRequest:
     guides: tuple = ()
     reasoning: ReasoningParser | None = None
     thinks_at_start: bool = False
+    lora: object | None = None  # the lora.LoraAdapter of params.lora_name, resolved at intake
 
 
 class RequestChecker:
@@ -47,16 +49,18 @@ class RequestChecker:
 
     max_model_len / vocab_size: the engine's limits; tokenizer: encodes bad words; eos_token_ids:
     the model's default end ids; guided: the engine's GuidedDecoding; reasoning: the engine's
-    EngineReasoning (None: no request has a thinking span)."""
+    EngineReasoning (None: no request has a thinking span); loras: the engine's lora.LoraRegistry
+    (None: LoRA is off, a lora_name is refused)."""
 
     def __init__(self, max_model_len: int, vocab_size: int, tokenizer, eos_token_ids: list[int],
-                 guided: GuidedDecoding, reasoning: EngineReasoning | None = None):
+                 guided: GuidedDecoding, reasoning: EngineReasoning | None = None, loras=None):
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.tokenizer = tokenizer
         self.eos_token_ids = tuple(eos_token_ids)
         self.guided = guided
         self.reasoning = reasoning
+        self.loras = loras
 
     def check(self, prompt_token_ids: list[int], params: SamplingParams) -> PreparedRequest:
         """The PreparedRequest of a prompt (token ids) and its params. Raises InvalidRequestError
@@ -64,7 +68,8 @@ class RequestChecker:
         prompt_token_ids (TOKEN_OUT_OF_VOCABULARY), max_tokens (MAX_TOKENS_TOO_LARGE), a
         SamplingParams field (INVALID_SAMPLING_PARAM), the guide's field when it does not compile
         (INVALID_GUIDE), reasoning_parser (unknown, or unusable with this tokenizer) and
-        reasoning_max_tokens (a budget without a reasoning parser) (INVALID_REASONING)."""
+        reasoning_max_tokens (a budget without a reasoning parser) (INVALID_REASONING), lora_name (an
+        adapter not loaded, or LoRA off) (INVALID_LORA)."""
         if len(prompt_token_ids) == 0:
             raise InvalidRequestError("prompt", "the prompt is empty (0 tokens)", ErrorCode.PROMPT_EMPTY)
         ids = [int(t) for t in params.truncated_prompt(list(prompt_token_ids), self.max_model_len)]
@@ -75,6 +80,12 @@ class RequestChecker:
             raise InvalidRequestError("prompt_token_ids", f"token id {bad[0]} outside the vocabulary [0, {vocab})",
                                       ErrorCode.TOKEN_OUT_OF_VOCABULARY)
         params.validate(vocab)
+        lora = None
+        if params.lora_name is not None:
+            if self.loras is None:
+                raise InvalidRequestError("lora_name", f"this model serves no LoRA adapters (enable_lora is 0), got "
+                                                       f"{params.lora_name!r}", ErrorCode.INVALID_LORA)
+            lora = self.loras.get(params.lora_name)
         max_tokens = check_lengths(len(ids), params.max_tokens, self.max_model_len)
         eos = tuple(params.eos_token_ids) if params.eos_token_ids is not None else self.eos_token_ids
         frozen = params.frozen()
@@ -96,4 +107,4 @@ class RequestChecker:
             raise InvalidRequestError("reasoning_max_tokens", "the model has no thinking span to budget (its "
                                                               "reasoning parser is off: reasoning_parser none)",
                                       ErrorCode.INVALID_REASONING)
-        return PreparedRequest(tuple(ids), frozen, max_tokens, eos, bad_words, guides, parser, at_start)
+        return PreparedRequest(tuple(ids), frozen, max_tokens, eos, bad_words, guides, parser, at_start, lora)

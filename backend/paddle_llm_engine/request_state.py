@@ -103,6 +103,7 @@ class RequestState:
         for i in range(prm.n):
             seq = Sequence(request_id, list(p.prompt_token_ids), prm, p.max_tokens, list(p.eos_token_ids),
                            arrival_time if i == 0 else self.states[0].seq.arrival_time, seq_index=i)
+            seq.lora = p.lora
             thinking = p.reasoning.new_state(p.thinks_at_start, prm.reasoning_max_tokens) if p.reasoning else None
             sampling = SamplingState.create(prm, i, p.eos_token_ids, p.bad_words_ids,
                                             p.guides[i] if p.guides else None, thinking)

@@ -104,6 +104,9 @@ class SamplingParams:
     priority: scheduling priority, an int in [-2^31, 2^31); a lower value is served first (vLLM's
         order; default 0). Acts only under the engine's scheduling_policy "priority" (scheduler.py);
         not a sampling parameter, carried here so that every contract passes it the same way.
+    lora_name: None (the base model) or the name of a loaded LoRA adapter (lora/, the engine's
+        lora_modules setting or LLMEngine.add_lora) the request runs with; carried here as the vLLM
+        backend carries it in sampling_parameters. An unknown name is refused (lora_name).
     """
 
     temperature: float = 1.0
@@ -135,6 +138,7 @@ class SamplingParams:
     reasoning_max_tokens: int | None = None
     reasoning_parser: str | None = None
     priority: int = 0
+    lora_name: str | None = None
 
     def __setattr__(self, name, value):
         if self.__dict__.get("_frozen"):
@@ -177,6 +181,8 @@ class SamplingParams:
             raise _bad_param(
                 "min_tokens", f"({self.min_tokens}) must be <= max_tokens ({self.max_tokens})"
             )
+        if self.lora_name is not None and (not isinstance(self.lora_name, str) or not self.lora_name):
+            raise _bad_param("lora_name", f"must be a non-empty string (a loaded LoRA adapter), got {self.lora_name!r}")
         if isinstance(self.priority, bool) or not isinstance(self.priority, int) \
                 or not -2**31 <= self.priority < 2**31:
             raise _bad_param("priority", f"must be an integer in [-2^31, 2^31), got {self.priority!r}")

@@ -82,13 +82,16 @@ class Scheduler:
     """Holds the waiting and running queues and the block manager."""
 
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 prefill_chunk_size: int = 0, proposer=None, policy: str = "fcfs"):
+                 prefill_chunk_size: int = 0, proposer=None, policy: str = "fcfs", max_loras: int = 0):
         """prefill_chunk_size: when any running sequence decodes, the prompt tokens (new prompts,
         prompt chunks, recomputes) of one step are capped at this many, so running decodes wait for
         at most one chunk's compute when prompts arrive in waves; 0: only max_num_batched_tokens.
         proposer(seq, budget) -> draft token ids (at most budget) for a decoding sequence
         (speculative decoding, spec_decode/); None: no speculation.
-        policy: "fcfs" or "priority" (module doc). Raises ValueError for another value."""
+        policy: "fcfs" or "priority" (module doc). Raises ValueError for another value.
+        max_loras: distinct LoRA adapters the running sequences may use at once (the workers' device
+        slots); a waiting sequence of a further adapter is passed over, keeping its place, until one
+        of them has no running sequence. 0: LoRA off."""
         if policy not in SCHEDULING_POLICIES:
             raise ValueError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, got {policy!r}")
         self.policy = policy
@@ -97,6 +100,7 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.prefill_chunk_size = prefill_chunk_size
         self.proposer = proposer
+        self.max_loras = max_loras
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -175,13 +179,20 @@ class Scheduler:
     def _admit(self, out: SchedulerOutput, budget: int, prefill_left: int, stop_at: int) -> None:
         """Admit waiting sequences in queue order while budget, slots and KV blocks allow (none once
         the running ones needed a preemption beyond the first `stop_at`: the cache is short)."""
+        passed: list[Sequence] = []  # LoRA: waiting for an adapter slot, put back in order below
+        loras = {s.lora.lora_id for s in self.running if s.lora is not None} if self.max_loras else set()
         while (self.waiting and budget > 0 and prefill_left > 0 and len(self.running) < self.max_num_seqs
                and len(out.preempted) == stop_at):
             seq = self.waiting[0]
+            if seq.lora is not None and seq.lora.lora_id not in loras and len(loras) >= self.max_loras:
+                passed.append(self.waiting.popleft())
+                continue
             n = self.blocks.allocate_prompt(seq, min(budget, prefill_left))  # reuses cached prefix blocks
             if n is None:
                 break
             self.waiting.popleft()
+            if seq.lora is not None:
+                loras.add(seq.lora.lora_id)
             seq.status = SequenceStatus.RUNNING
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = time.monotonic()
@@ -189,6 +200,7 @@ class Scheduler:
             out.scheduled.append(ScheduledSeq(seq, n))
             budget -= n
             prefill_left -= n
+        self.waiting.extendleft(reversed(passed))
 
     def _preempt_for_urgent(self, out: SchedulerOutput, prefill_left: int) -> None:
         """Priority policy, before a step: preempt the least urgent running sequences while the most

@@ -63,6 +63,7 @@ class Sequence:
         self.cumulative_logprob = 0.0
         self.pending_logprobs: list[tuple[float, list[tuple[int, float]]]] = []  # not yet reported
         self.spec = None
+        self.lora = None  # the LoraAdapter the sequence runs with (None: the base model)
 
     @property
     def num_tokens(self) -> int:

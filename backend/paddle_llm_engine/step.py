@@ -32,6 +32,8 @@ class SeqStep:
         last len(draft_token_ids) of token_ids (token_ids = (the sequence's last token,) + drafts)
         and not yet tokens of the sequence; the entry returns one logits row per position of
         its last token and drafts (1 + len(draft_token_ids) rows).
+    lora_slot: the device slot of the sequence's LoRA adapter (Step.lora_loads fill the slots);
+        -1: the base model.
     """
 
     request_id: str
@@ -42,6 +44,7 @@ class SeqStep:
     samples: bool
     forks: tuple[int, ...] = ()
     draft_token_ids: tuple[int, ...] = ()
+    lora_slot: int = -1
 
     @property
     def num_tokens(self) -> int:
@@ -57,10 +60,21 @@ class SeqStep:
 @dataclass(frozen=True)
 class Step:
     """seqs: the step's sequences, decodes first; copies: copy-on-write KV block copies (src, dst)
-    made before the step writes the cache."""
+    made before the step writes the cache; lora_loads: LoRA adapters the worker puts into device
+    slots before the step (lora.registry.LoraLoad)."""
 
     seqs: tuple[SeqStep, ...]
     copies: tuple[tuple[int, int], ...] = field(default_factory=tuple)
+    lora_loads: tuple = ()
+
+    def row_lora_slots(self):
+        """[tokens] int32 numpy: the LoRA slot of each token row in packing order (-1: none), or None
+        when no entry has an adapter."""
+        if all(s.lora_slot < 0 for s in self.seqs):
+            return None
+        import numpy as np
+
+        return np.concatenate([np.full(s.num_tokens, s.lora_slot, np.int32) for s in self.seqs])
 
     @property
     def sampled(self) -> tuple[SeqStep, ...]:
@@ -81,12 +95,13 @@ class Step:
         return out
 
 
-def build_step(scheduled, copies=(), forks_of=None) -> Step:
+def build_step(scheduled, copies=(), forks_of=None, lora_slots=None, lora_loads=()) -> Step:
     """The Step of the scheduler's decisions.
 
     scheduled: the scheduler's ScheduledSeq list (sequence, num_new_tokens); copies: its
     copy-on-write pairs; forks_of(seq) -> the sibling Sequences to fork from `seq` (called only for
-    entries that sample a sequence's first token; None: no forks)."""
+    entries that sample a sequence's first token; None: no forks); lora_slots: {lora_id: slot} of
+    the step's adapters (LoraRegistry.assign_slots) with the lora_loads that fill them."""
     entries = []
     for s in sorted(scheduled, key=lambda s: s.num_new_tokens > 1):  # stable: decodes first
         seq, start, n = s.seq, s.seq.num_computed_tokens, s.num_new_tokens
@@ -95,6 +110,7 @@ def build_step(scheduled, copies=(), forks_of=None) -> Step:
         if forks_of is not None and s.samples and seq.num_output_tokens == 0:
             forks = tuple(c.seq_index for c in forks_of(seq))
         tokens = tuple(seq.token_ids[start:start + n - len(drafts)]) + drafts
+        slot = lora_slots[seq.lora.lora_id] if seq.lora is not None else -1
         entries.append(SeqStep(seq.request_id, seq.seq_index, tokens, start,
-                               tuple(seq.block_table), s.samples, forks, drafts))
-    return Step(tuple(entries), tuple(tuple(p) for p in copies))
+                               tuple(seq.block_table), s.samples, forks, drafts, slot))
+    return Step(tuple(entries), tuple(tuple(p) for p in copies), tuple(lora_loads))

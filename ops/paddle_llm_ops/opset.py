@@ -33,6 +33,7 @@ import paddle.nn.functional as F
 from paddle_llm_ops.gcu import custom_ops as gcu_ops
 from paddle_llm_ops.kv_cache import write_kv
 from paddle_llm_ops.linear import ComposedLinear, GemvLinear, Int4Linear, Int8Linear
+from paddle_llm_ops.lora import lora_apply
 from paddle_llm_ops.moe import COMPOSED_MOE, FUSED_GCU_MOE, MoEKernel
 from paddle_llm_ops.norm import rms_norm_composed, rms_norm_fused
 from paddle_llm_ops.paged_attention import decode_attention, prefill_attention
@@ -106,6 +107,7 @@ class OpSet:
     moe_routing: Callable | None = None
     swiglu: Callable = F.swiglu
     make_decode_stack: Callable | None = None
+    lora_apply: Callable = lora_apply
 
 
 # ----------------------------------------------------------------------------- composed kernels

@@ -115,6 +115,9 @@ class LlamaForCausalLM:
     # plain dense stack of this class. False in a class that changes how the layers combine (its own
     # reduce of row-parallel outputs, mixture-of-experts MLPs, its own forward).
     supports_decode_stack: bool = True
+    # The step's LoRA rows (lora.weights.LoraBatch), set by the worker around forward(); None: no
+    # row of the step has an adapter.
+    lora_batch = None
 
     @staticmethod
     def arch_for(cfg: ModelConfig) -> DecoderArch:
@@ -183,6 +186,11 @@ class LlamaForCausalLM:
                                                  self.num_kv_heads, self.head_dim, self.cfg.rms_norm_eps, self.scale)
         return stack, (info if stack is not None else f"off ({info})")
 
+    def shard_tensor(self, name: str, w: np.ndarray) -> np.ndarray:
+        """A tensor laid out like checkpoint tensor `name`, cut as open_checkpoint cuts that one
+        (LoRA factors follow their base projection): the whole tensor here."""
+        return w
+
     def open_checkpoint(self, model_dir: str) -> CheckpointReader:
         """The reader load_weights takes every tensor from (tensor parallel: a rank's shard of it)."""
         return CheckpointReader(model_dir)
@@ -211,7 +219,8 @@ class LlamaForCausalLM:
         nh, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
         h = self.embed_tokens(input_ids)  # [T, H]: the residual stream
         rot = ops.rotary_inputs(self.rotary, positions, self.dtype)
-        rows = _row_tables(meta, h.shape[0]) if self.decode_stack is not None else None
+        lora = self.lora_batch
+        rows = _row_tables(meta, h.shape[0]) if self.decode_stack is not None and lora is None else None
         if rows is not None:  # every row a query over its own context: the whole stack in one call
             out = self.decode_stack.run(h, rot.positions, rot.table_cos, rot.table_sin, meta.slot_mapping, *rows,
                                         kv_caches)
@@ -220,16 +229,24 @@ class LlamaForCausalLM:
         # Each residual add is fused with the norm that follows it: `delta` is the output not yet
         # added to h (the previous block's MLP; None before the first layer).
         delta = None
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
             if delta is None:
                 x = ops.rms_norm(h, layer.in_norm, eps)
             else:
                 x, h = ops.add_rms_norm(delta, h, layer.in_norm, eps)
-            q = ops.qkv_rotary_write(layer.qkv(x), rot, k_cache, v_cache, meta.slot_mapping, nh, kvh, d,
+            qkv = layer.qkv(x) if lora is None else lora.apply(ops, i, "qkv", x, layer.qkv(x))
+            q = ops.qkv_rotary_write(qkv, rot, k_cache, v_cache, meta.slot_mapping, nh, kvh, d,
                                      layer.q_norm, layer.k_norm, eps)
             attn = ops.attention(q, k_cache, v_cache, meta, self.scale)  # [T, nh*d]: one call per layer
-            x, h = ops.add_rms_norm(self.reduce_partial(layer.o(attn)), h, layer.post_norm, eps)
-            delta = self.reduce_partial(layer.mlp(x))
+            o = layer.o(attn) if lora is None else lora.apply(ops, i, "o", attn, layer.o(attn))
+            x, h = ops.add_rms_norm(self.reduce_partial(o), h, layer.post_norm, eps)
+            if lora is None or not isinstance(layer.mlp, DenseMLP):
+                mlp = layer.mlp(x)
+            else:  # LoRA deltas on the row-parallel partials too: the reduce sums them with the rest
+                g = lora.apply(ops, i, "gate_up", x, layer.mlp.gate_up(x))
+                a = layer.mlp.act(g)
+                mlp = lora.apply(ops, i, "down", a, layer.mlp.down(a))
+            delta = self.reduce_partial(mlp)
         return ops.add_rms_norm(delta, h, self.norm, eps)[0]
 
     def compute_logits(self, hidden: paddle.Tensor) -> paddle.Tensor:

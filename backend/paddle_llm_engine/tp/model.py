@@ -29,6 +29,10 @@ class TensorParallelMixin:
     def open_checkpoint(self, model_dir: str):
         return ShardedReader(super().open_checkpoint(model_dir), self.shard)
 
+    def shard_tensor(self, name, w):
+        """Cut `w` as this rank's reader cuts checkpoint tensor `name`."""
+        return ShardedReader(None, self.shard).shard(name, w)
+
     def embed_tokens(self, input_ids: paddle.Tensor) -> paddle.Tensor:
         s = self.shard
         local = input_ids - s.vocab_start

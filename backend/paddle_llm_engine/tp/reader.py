@@ -33,6 +33,10 @@ class ShardedReader:
         """A row-parallel projection's bias: added by rank 0 only (the all_reduce sums the ranks)."""
         return w if self.plan.rank == 0 else np.zeros_like(w)
 
+    def shard(self, name: str, w: np.ndarray) -> np.ndarray:
+        """This rank's part of `w`, a tensor laid out like checkpoint tensor `name` (contiguous)."""
+        return np.ascontiguousarray(self._shard(name, w))
+
     def _shard(self, name: str, w: np.ndarray) -> np.ndarray:
         p = self.plan
         leaf = name.rsplit(".", 2)

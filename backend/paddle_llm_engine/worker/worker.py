@@ -71,6 +71,11 @@ class Worker:
         self.model.load_weights(engine_config.model_dir)
         log.info("%s: decode stack: %s", self.device, getattr(self.model, "decode_stack_info", "n/a"))
         self.thread_tuner = self._attach_thread_tuner()
+        self.lora = None  # lora.weights.LoraWeights when enable_lora
+        if engine_config.enable_lora:
+            from paddle_llm_engine.lora.weights import LoraWeights
+
+            self.lora = LoraWeights(self.model, engine_config.max_loras, engine_config.max_cpu_loras, self.plan.dtype)
         if engine_config.huge_pages:
             self._log_huge_pages(self.platform.use_huge_pages(self.model, "weights"))
         self.num_kv_blocks = 0
@@ -175,6 +180,20 @@ class Worker:
 
     # -- one step --------------------------------------------------------------------------------
     @paddle.no_grad()
+    def _forward_lora(self, step: Step, inputs) -> paddle.Tensor:
+        """forward() with the step's LoRA slots loaded and its rows' adapters applied. Raises
+        RuntimeError when the step carries LoRA work and this worker was built without enable_lora."""
+        if self.lora is None:
+            raise RuntimeError("a step with LoRA adapters reached a worker built without enable_lora")
+        for load in step.lora_loads:
+            self.lora.load(load)
+        rows = step.row_lora_slots()
+        self.model.lora_batch = self.lora.batch(rows) if rows is not None else None
+        try:
+            return self.model.forward(inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches)
+        finally:
+            self.model.lora_batch = None
+
     def execute(self, step: Step) -> np.ndarray:
         """Run one step: the copy-on-write block copies first, then the model over the step's tokens.
         Returns the logits of the sampled entries, [step.num_sampled, V] fp32 on the host, in the
@@ -184,7 +203,10 @@ class Worker:
             copy_blocks(self.kv_caches, list(step.copies), self.block_size, self.plan.kv_gather_dtype,
                         self.ops.kv_layout)
         inputs = pack_step(step, self.block_size, self.ops.attention_metadata)
-        hidden = self.model.forward(inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches)
+        if step.lora_loads or (self.lora is not None and step.row_lora_slots() is not None):
+            hidden = self._forward_lora(step, inputs)
+        else:
+            hidden = self.model.forward(inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches)
         if len(inputs.last_rows) == 0:
             return np.empty((0, 0), dtype=np.float32)
         logits = self.model.compute_logits(gather_last_tokens(hidden, from_numpy(inputs.last_rows)))

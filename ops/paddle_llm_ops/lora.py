@@ -1,0 +1,28 @@
+"""LoRA deltas for a batch whose rows use different adapters, from plain Paddle ops (every place
+composes it the same way; the GCU runs the same matmul / index_select / concat).
+
+The rows of each adapter are gathered, multiplied by its A then B (the punica / S-LoRA grouping:
+one pair of small matmuls per adapter in the step, not per row), and the deltas are put back in
+row order with one gather over their concatenation plus a zero row for rows without an adapter.
+"""
+
+from __future__ import annotations
+
+import paddle
+
+
+def lora_apply(y: paddle.Tensor, x: paddle.Tensor, groups: list, gather: paddle.Tensor | None) -> paddle.Tensor:
+    """y + the LoRA delta of every row.
+
+    y: [T, out], the base linear's output; x: [T, in], its input (same dtype).
+    groups: [(rows, A, B)]: rows [n] int64 (the rows using this adapter; None: all T rows, allowed
+    only as the single group), A [in, r], B [r, out] in y's dtype with the adapter's scale folded
+    into B. gather: [T] int64, row t's index into the deltas concatenated in group order followed by
+    one zero row (None with the single all-rows group).
+    Returns [T, out]."""
+    if gather is None:
+        _, a, b = groups[0]
+        return y + paddle.matmul(paddle.matmul(x, a), b)
+    deltas = [paddle.matmul(paddle.matmul(paddle.index_select(x, rows, axis=0), a), b) for rows, a, b in groups]
+    deltas.append(paddle.zeros([1, y.shape[1]], dtype=y.dtype))
+    return y + paddle.index_select(paddle.concat(deltas, axis=0), gather, axis=0)
