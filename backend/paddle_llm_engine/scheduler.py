@@ -184,7 +184,8 @@ class Scheduler:
         while (self.waiting and budget > 0 and prefill_left > 0 and len(self.running) < self.max_num_seqs
                and len(out.preempted) == stop_at):
             seq = self.waiting[0]
-            if seq.lora is not None and seq.lora.lora_id not in loras and len(loras) >= self.max_loras:
+            if self.max_loras and seq.lora is not None and seq.lora.lora_id not in loras \
+                    and len(loras) >= self.max_loras:
                 passed.append(self.waiting.popleft())
                 continue
             n = self.blocks.allocate_prompt(seq, min(budget, prefill_left))  # reuses cached prefix blocks

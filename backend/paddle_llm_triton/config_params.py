@@ -33,6 +33,9 @@ from paddle_llm_triton.lifecycle.instances import instance_ordinal
 from paddle_llm_triton.metrics.names import NAME_SETS, parse_name_sets
 
 MODEL_DIR_ENV = "PADDLE_LLM_MODEL_DIR"
+# the secret runtime LoRA updates must carry (llm/lora_admin.py): set by the launcher for tritonserver
+# (so the llm stubs) and for the OpenAI frontend; never on a command line
+LORA_ADMIN_KEY_ENV = "PADDLE_LLM_LORA_ADMIN_KEY"
 
 
 @dataclass
@@ -75,6 +78,22 @@ class ServingOptions:
         100). Each ask is an IPC round trip per request, so at 8-32 streams the sweep's wake-ups of
         tritonserver cost several percent of the step time; a longer period trades that for a later
         abort (KV blocks freed up to one period after the client left). Must be an integer >= 1.
+    lora_cache_host_memory_bytes: with enable_lora 1, the bytes of LoRA weights that `ensemble`
+        requests sent as TensorRT-LLM's lora_task_id + lora_weights + lora_config an instance keeps
+        cached by task id (TensorRT-LLM's parameter of that name; default 1 GiB, as there). Past it
+        the least recently used tasks no request is running with are unloaded; a single adapter above
+        it is refused (docs/features/lora.md). Must be an integer >= 1.
+    allow_runtime_lora_updating: 1 lets adapters be loaded and unloaded while the server runs (vLLM's
+        VLLM_ALLOW_RUNTIME_LORA_UPDATING; the OpenAI API's /v1/load_lora_adapter and
+        /v1/unload_lora_adapter), on every instance of `llm` at once; only folders under lora_root,
+        and only callers that send the server's PADDLE_LLM_LORA_ADMIN_KEY (the launcher makes one per
+        start and gives it to the OpenAI frontend). 0 (the default): the adapters are those of
+        lora_modules and multi_lora.json, fixed at start. Needs enable_lora 1 and lora_root
+        (docs/features/lora.md, docs/security.md).
+    lora_root: the folder runtime-loaded adapters must lie under (an absolute path; symbolic links are
+        resolved, and a lora_path that resolves outside it is refused naming lora_path; a relative
+        lora_path is taken under it). Required with allow_runtime_lora_updating 1; "" (the default)
+        otherwise. Adapters loaded at start (lora_modules, multi_lora.json) may lie anywhere.
     """
 
     gcu_device_ids: list[int] = dataclasses.field(default_factory=list)
@@ -85,6 +104,9 @@ class ServingOptions:
     coalesce_stream_responses: bool = True
     stream_interval: int = 1
     cancellation_check_period_ms: int = 100
+    lora_cache_host_memory_bytes: int = 1 << 30
+    allow_runtime_lora_updating: bool = False
+    lora_root: str = ""
 
 
 SERVING_KEYS = {f.name for f in dataclasses.fields(ServingOptions)}
@@ -155,6 +177,11 @@ def serving_options(model_config: dict) -> ServingOptions:
     _set_at_least(opts, raw, "stream_interval", "int", 1)
     _set_at_least(opts, raw, "cancellation_check_period_ms", "int", 1)
     _set_at_least(opts, raw, "fault_inject_after_steps", "int", 0)
+    _set_at_least(opts, raw, "lora_cache_host_memory_bytes", "int", 1)
+    runtime = raw.get("allow_runtime_lora_updating", "").strip()
+    if runtime:
+        opts.allow_runtime_lora_updating = _convert("allow_runtime_lora_updating", "bool", runtime)
+    opts.lora_root = raw.get("lora_root", "").strip()
     return opts
 
 

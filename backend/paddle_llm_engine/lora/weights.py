@@ -90,6 +90,12 @@ class LoraWeights:
         self.slots: list[dict | None] = [None] * max_loras  # slot -> {(layer, linear): (A, B)} tensors
         self.slot_ids: list[int] = [0] * max_loras
         self.num_reads = 0  # adapter folders read (host misses)
+        # The CPU decode stack's view of the slots ([r, K] / [N, r] fp32 factors), when the model has one
+        self.stack_table = None
+        if getattr(model, "decode_stack", None) is not None:
+            from paddle_llm_ops.cpu_kernels.decode_stack import LoraTable
+
+            self.stack_table = LoraTable(len(model.layers), max_loras)
 
     def _host_copy(self, load: LoraLoad) -> dict:
         if load.adapter.lora_id in self.host:
@@ -116,6 +122,9 @@ class LoraWeights:
 
         self.slots[load.slot] = {k: (dev(a), dev(b)) for k, (a, b) in prepared.items()}
         self.slot_ids[load.slot] = load.adapter.lora_id
+        if self.stack_table is not None:
+            self.stack_table.set_slot(load.slot, {k: (dev(a.T), self.slots[load.slot][k][1])
+                                                  for k, (a, b) in prepared.items()})
 
     def batch(self, row_slots: np.ndarray) -> "LoraBatch | None":
         """The LoraBatch of a step whose token rows use slots row_slots [T] int (-1: no adapter);
@@ -137,6 +146,16 @@ class LoraBatch:
         self.rows = {s: np.flatnonzero(row_slots == s).astype(np.int64) for s in used}
         self._rows_t: dict[int, paddle.Tensor] = {}
         self._gathers: dict[tuple[int, ...], paddle.Tensor | None] = {}
+        self._stack_rows = None
+
+    def stack_inputs(self) -> tuple | None:
+        """(rows [T] int64 slots, LoraTable: a = A^T [r, in], b = B [r, out]) for the CPU decode stack, or None when the worker keeps no
+        stack table (the model has no decode stack)."""
+        if self.weights.stack_table is None:
+            return None
+        if self._stack_rows is None:
+            self._stack_rows = from_numpy(self.row_slots.astype(np.int64))
+        return self._stack_rows, self.weights.stack_table
 
     def _rows_tensor(self, slot: int) -> paddle.Tensor | None:
         if len(self.rows[slot]) == self.num_rows:

@@ -220,10 +220,13 @@ class LlamaForCausalLM:
         h = self.embed_tokens(input_ids)  # [T, H]: the residual stream
         rot = ops.rotary_inputs(self.rotary, positions, self.dtype)
         lora = self.lora_batch
-        rows = _row_tables(meta, h.shape[0]) if self.decode_stack is not None and lora is None else None
+        stack_lora = lora.stack_inputs() if lora is not None and self.decode_stack is not None else None
+        rows = None
+        if self.decode_stack is not None and (lora is None or stack_lora is not None):
+            rows = _row_tables(meta, h.shape[0])
         if rows is not None:  # every row a query over its own context: the whole stack in one call
             out = self.decode_stack.run(h, rot.positions, rot.table_cos, rot.table_sin, meta.slot_mapping, *rows,
-                                        kv_caches)
+                                        kv_caches, *(stack_lora or ()))
             if out is not None:  # None: a batch above the kernels' limit
                 return out
         # Each residual add is fused with the norm that follows it: `delta` is the output not yet

@@ -145,12 +145,15 @@ _VLLM_KEYS = {
     "reasoning_parser": (_to_str, "reasoning_parser"),
     # vLLM's per-request scheduling priority (acts under scheduling_policy "priority")
     "priority": (_to_int, "priority"),
+    # the vLLM backend's LoRA adapter (a name of multi_lora.json, lora_modules or a runtime load); the
+    # engine refuses a name it has not loaded, and any name when enable_lora is 0
+    "lora_name": (_to_str, "lora_name"),
 }
 # keys that are two names of one parameter: both given with different values is an error naming both
 SYNONYMS = (("reasoning_max_tokens", "thinking_token_budget"),)
 
-# vLLM SamplingParams keys (and the vLLM backend's lora_name) not implemented here: key -> (the value
-# that changes nothing, accepted; or _NO_NOOP) and why. Refused with that reason, not as unknown.
+# vLLM SamplingParams keys not implemented here: key -> (the value that changes nothing, accepted; or
+# _NO_NOOP) and why. Refused with that reason, not as unknown.
 _NO_NOOP = object()
 UNSUPPORTED_VLLM_KEYS = {
     "prompt_logprobs": (_NO_NOOP, "prompt logprobs are not computed (the model scores the last position only)"),
@@ -161,7 +164,6 @@ UNSUPPORTED_VLLM_KEYS = {
     "use_beam_search": (False, "beam search is not implemented"),
     "length_penalty": (1.0, "it acts in beam search only, which is not implemented"),
     "early_stopping": (False, "it acts in beam search only, which is not implemented"),
-    "lora_name": (_NO_NOOP, "LoRA adapters are not supported"),
     "flat_logprobs": (_NO_NOOP, "logprobs are returned in the vLLM backend's per-token form"),
     "skip_reading_prefix_cache": (_NO_NOOP, "the prefix cache is a model setting (enable_prefix_caching)"),
 }

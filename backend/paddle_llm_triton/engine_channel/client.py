@@ -141,13 +141,18 @@ class ChannelClient:
         with self._lock:
             self._load[instance] = max(0, self._load.get(instance, 0) - 1)
 
-    def open(self, request: dict) -> ChannelStream:
-        """Send the `generate` frame `request` to the least loaded listening instance and return its
-        stream. An instance that refuses the connection is skipped. Raises ChannelUnavailable when
-        none accepts it."""
+    def open(self, request: dict, prefer: str | None = None) -> ChannelStream:
+        """Send the `generate` frame `request` to the least loaded listening instance (`prefer` first
+        when it is listening: the one holding what the request needs, e.g. its LoRA task) and return
+        its stream. An instance that refuses the connection is skipped. Raises ChannelUnavailable
+        when none accepts it."""
         tried: list[str] = []
         for attempt in range(2):  # the second pass re-reads the socket table (an instance restarted)
-            for inst in self._order(self.instances(rescan=attempt > 0)):
+            order = self._order(self.instances(rescan=attempt > 0))
+            if prefer in order:
+                order.remove(prefer)
+                order.insert(0, prefer)
+            for inst in order:
                 if inst in tried:
                     continue
                 tried.append(inst)

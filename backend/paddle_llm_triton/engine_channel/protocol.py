@@ -8,7 +8,11 @@ ensemble -> llm, the first frame (generate_request):
    KV blocks), "stream": bool, "prompt_text": str or null (prepended to a non-streamed answer: the
    TensorRT-LLM exclude_input_in_output false), "logprobs": bool (return_log_probs: the chosen
    tokens' logprobs, else zeros), "perf": bool (return_perf_metrics), "timeout_s": the client's
-   request timeout in seconds or null (the engine aborts the request at that deadline)}
+   request timeout in seconds or null (the engine aborts the request at that deadline),
+   "lora": null or TensorRT-LLM's LoRA of the request: {"task_id": int, "weights": array or null,
+   "config": array or null} (lora_task_id / lora_weights / lora_config; an array is encode_array's
+   {"dtype", "shape", "data": base64 of the C-order bytes}), or the llmapi's {"task_id": lora_id,
+   "name": lora_name, "path": lora_path, "ckpt_source": lora_ckpt_source or null}}
   then optionally {"type": "abort"} (the client cancelled).
 llm -> ensemble, each frame one response of the client's (output_frame):
   {"type": "output", "seq": sequence index, "text": str (whole UTF-8 characters), "ids": [int],
@@ -23,6 +27,10 @@ llm -> ensemble, each frame one response of the client's (output_frame):
 
 from __future__ import annotations
 
+import base64
+
+import numpy as np
+
 # TensorRT-LLM's perf-metric outputs and their dtypes (its ensemble config.pbtxt: dims [1] each)
 PERF_OUTPUTS = (
     ("kv_cache_alloc_new_blocks", "int32"), ("kv_cache_reused_blocks", "int32"),
@@ -34,11 +42,39 @@ PERF_OUTPUTS = (
 
 def generate_request(prompt_ids: list[int], sampling_parameters: str, n: int, stream: bool,
                      prompt_text: str | None, logprobs: bool, perf: bool, client_request_id: str = "",
-                     timeout_s: float | None = None) -> dict:
+                     timeout_s: float | None = None, lora: dict | None = None) -> dict:
     """The first frame of an engine request (see the module doc)."""
     return {"type": "generate", "client_request_id": client_request_id, "prompt_ids": [int(i) for i in prompt_ids],
             "sampling_parameters": sampling_parameters, "n": int(n), "stream": bool(stream),
-            "prompt_text": prompt_text, "logprobs": bool(logprobs), "perf": bool(perf), "timeout_s": timeout_s}
+            "prompt_text": prompt_text, "logprobs": bool(logprobs), "perf": bool(perf), "timeout_s": timeout_s,
+            "lora": lora}
+
+
+# dtypes an array of a frame may have (the LoRA tensors' TensorRT-LLM dtypes and their widenings)
+ARRAY_DTYPES = ("float16", "float32", "int32", "int64", "uint64")
+
+
+def encode_array(arr: np.ndarray) -> dict:
+    """A numpy array as a JSON object: dtype, shape and base64 of its C-order bytes."""
+    arr = np.ascontiguousarray(arr)
+    return {"dtype": arr.dtype.name, "shape": list(arr.shape), "data": base64.b64encode(arr.tobytes()).decode("ascii")}
+
+
+def encoded_array_bytes(nbytes: int) -> int:
+    """Frame bytes an array of `nbytes` takes (base64)."""
+    return 4 * ((nbytes + 2) // 3) + 100
+
+
+def decode_array(obj, field: str) -> np.ndarray:
+    """encode_array's object -> the array. Raises ValueError naming `field` for anything else."""
+    try:
+        dtype, shape = np.dtype(str(obj["dtype"])), [int(d) for d in obj["shape"]]
+        if dtype.name not in ARRAY_DTYPES or any(d < 0 for d in shape):
+            raise ValueError(f"dtype {dtype.name} / shape {shape}")
+        data = base64.b64decode(obj["data"], validate=True)
+        return np.frombuffer(data, dtype).reshape(shape)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{field}: not an encoded array ({e})") from None
 
 
 def _ns(t: float | None) -> int:

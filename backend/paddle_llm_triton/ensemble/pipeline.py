@@ -81,6 +81,7 @@ class EnsemblePipeline:
         self.senders = SenderLedger()  # every client's response sender until its FINAL
         self._in_flight = 0  # client requests handed to their thread and not answered to the end
         self._flights: dict[str, Flight] = {}
+        self._lora_homes: dict[int, str] = {}  # LoRA task id -> the llm instance that cached it last
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="ensemble-cancel-watcher", daemon=True)
@@ -196,7 +197,8 @@ class EnsemblePipeline:
         pb = _pb()
         client = f.client
         try:
-            f.stream = self.channel.open(steps.engine_request(f, r))
+            f.stream = self.channel.open(steps.engine_request(f, r), prefer=self._lora_home(r))
+            self._lora_home(r, f.stream.instance)
             if client.cancelled:  # the watcher saw the cancellation before the stream existed
                 self._stop_flight(f)
             ahead = None  # a frame read while coalescing that did not merge: the next to handle
@@ -238,6 +240,21 @@ class EnsemblePipeline:
                 pass
         finally:
             self._end_flight(f)
+
+    def _lora_home(self, r: Row, instance: str | None = None) -> str | None:
+        """The llm instance that last served row r's LoRA task (its cache holds the task's weights);
+        with `instance`, record it. None without a task."""
+        task = (r.lora or {}).get("task_id")
+        if task is None:
+            return None
+        with self._lock:
+            if instance is None:
+                return self._lora_homes.get(task)
+            self._lora_homes.pop(task, None)
+            self._lora_homes[task] = instance
+            while len(self._lora_homes) > 4096:  # oldest first (dicts keep insertion order)
+                self._lora_homes.pop(next(iter(self._lora_homes)))
+        return instance
 
     @staticmethod
     def _coalesce(stream, frame: dict) -> tuple[dict, dict | None]:

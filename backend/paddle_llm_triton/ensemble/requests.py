@@ -84,6 +84,7 @@ class Row:
     perf: bool
     num_input_tokens: bool
     num_output_tokens: bool
+    lora: dict | None = None  # the generate frame's "lora" (steps.lora_request), None: the base model
 
 
 class StepError(Exception):

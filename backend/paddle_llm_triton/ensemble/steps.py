@@ -12,7 +12,7 @@ import re
 
 import numpy as np
 
-from paddle_llm_triton.engine_channel import protocol
+from paddle_llm_triton.engine_channel import protocol, wire
 from paddle_llm_triton.ensemble.requests import Flight, Row, StepError, as_text, bls_error_code
 
 # inputs of `ensemble` that preprocessing takes (the others are read here)
@@ -37,10 +37,9 @@ UNSUPPORTED_INPUTS = {
     "prompt_vocab_size": "prompt tuning (prompt embedding tables) is not supported",
     "embedding_bias_words": "embedding bias is not supported",
     "embedding_bias_weights": "embedding bias is not supported",
-    "lora_task_id": "LoRA adapters are not supported",
-    "lora_weights": "LoRA adapters are not supported",
-    "lora_config": "LoRA adapters are not supported",
 }
+# the engine channel's frame limit, less room for the rest of the generate frame
+_MAX_LORA_FRAME_BYTES = wire.MAX_FRAME_BYTES - (1 << 20)
 
 
 def _pb():
@@ -68,6 +67,7 @@ def preprocess(model: str, index: int, row: dict) -> Row:
     """Row `index` of the request (input name -> that row's array) through the preprocessing model
     `model` (a BLS call) -> its Row. Raises StepError with preprocessing's error."""
     pb = _pb()
+    lora = lora_request(row)  # before the BLS call: a bad LoRA input fails fast
     inputs = [pb.Tensor(n, v) for n, v in row.items() if n in PRE_INPUTS]
     try:
         pre = exec_step(pb.InferenceRequest(model_name=model, inputs=inputs, requested_output_names=PRE_OUTPUTS))
@@ -85,7 +85,32 @@ def preprocess(model: str, index: int, row: dict) -> Row:
 
     return Row(index, {k: pb.get_output_tensor_by_name(pre, k).as_numpy() for k in PRE_OUTPUTS},
                row["text_input"], 1 if n is None else int(n.reshape(-1)[0]), flag("return_perf_metrics"),
-               flag("return_num_input_tokens"), flag("return_num_output_tokens"))
+               flag("return_num_input_tokens"), flag("return_num_output_tokens"), lora)
+
+
+def lora_request(row: dict) -> dict | None:
+    """TensorRT-LLM's LoRA inputs of one row (lora_task_id, lora_weights, lora_config) -> the
+    generate frame's "lora" (engine_channel/protocol.py), None without them. The llm instance
+    checks the tensors against its model and keeps them by task id (llm/lora_tasks.py); here only
+    what the frame needs: a task id with any weights, and a size the channel carries. Raises
+    StepError (INVALID_ARG) naming the input."""
+    pb = _pb()
+    task, weights, config = (row.get(k) for k in ("lora_task_id", "lora_weights", "lora_config"))
+    weights = weights if weights is not None and weights.size else None
+    config = config if config is not None and config.size else None
+    if task is None or task.size == 0:
+        if weights is not None or config is not None:
+            raise StepError("lora_task_id: must be set for LoRA inference (with lora_weights / lora_config)",
+                            pb.TritonError.INVALID_ARG)
+        return None
+    if task.size != 1:
+        raise StepError(f"lora_task_id: one id per row, got {task.size}", pb.TritonError.INVALID_ARG)
+    if weights is not None and protocol.encoded_array_bytes(weights.nbytes) > _MAX_LORA_FRAME_BYTES:
+        raise StepError(f"lora_weights: {weights.nbytes} bytes are more than a request can carry to the engine "
+                        f"(about {_MAX_LORA_FRAME_BYTES * 3 // 4} bytes)", pb.TritonError.INVALID_ARG)
+    return {"task_id": int(task.reshape(-1)[0]),
+            "weights": protocol.encode_array(weights) if weights is not None else None,
+            "config": protocol.encode_array(config) if config is not None else None}
 
 
 def engine_request(f: Flight, r: Row) -> dict:
@@ -100,7 +125,7 @@ def engine_request(f: Flight, r: Row) -> dict:
     return protocol.generate_request(
         pre["INPUT_IDS"].reshape(-1).tolist(), as_text(sp), r.n, stream, prompt_text,
         bool(pre["RETURN_LOG_PROBS"].reshape(-1)[0]), r.perf, f.client.client_id,
-        timeout_s=f.client.timeout_us / 1e6 if f.client.timeout_us else None)
+        timeout_s=f.client.timeout_us / 1e6 if f.client.timeout_us else None, lora=r.lora)
 
 
 def extra_outputs(r: Row, frame: dict, batched: bool) -> list:

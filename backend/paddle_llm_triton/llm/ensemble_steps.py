@@ -19,6 +19,7 @@ from paddle_llm_triton.contracts.defaults import apply_default_max_tokens
 from paddle_llm_triton.contracts.values import triton_error
 from paddle_llm_triton.contracts.trtllm import from_pipeline_json
 from paddle_llm_triton.llm.delta_buffer import SequenceBuffers
+from paddle_llm_triton.llm.lora_tasks import LoraCacheFull, LoraTasks
 from paddle_llm_triton.lifecycle.drain import Drain, DrainingError
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ class _Step:
     buffers: SequenceBuffers
     logprobs: bool
     perf: bool
+    lora: dict | None = None  # the request's LoRA (LoraTasks.acquire), released when it ends
 
 
 class EnsembleStepHandler:
@@ -46,12 +48,13 @@ class EnsembleStepHandler:
     loop: the instance's EngineLoop; on_output(out): the instance's metrics hook (engine thread,
     must only enqueue); default_max_tokens: the `llm` parameter (0 = max_model_len - prompt);
     max_model_len: the engine's; instance: for error messages; drain: refuses new requests while
-    the instance drains."""
+    the instance drains; lora_tasks: TensorRT-LLM's LoRA task cache (None: enable_lora 0)."""
 
     def __init__(self, loop: EngineLoop, on_output: Callable[[RequestOutput], None], default_max_tokens: int,
                  max_model_len: int, instance: str, on_rejected: Callable[[str], None] | None = None,
-                 drain: Drain | None = None, stream_interval: int = 1):
+                 drain: Drain | None = None, stream_interval: int = 1, lora_tasks: LoraTasks | None = None):
         self.loop = loop
+        self.lora_tasks = lora_tasks
         self.stream_interval = stream_interval  # tokens per streamed frame (delta_buffer.py)
         self.drain = drain
         self._on_metrics = on_output
@@ -94,18 +97,48 @@ class EnsembleStepHandler:
         rid = uuid.uuid4().hex
         timeout_s = msg.get("timeout_s")  # the ensemble client's request timeout
         try:
+            params.lora_name = self._acquire_lora(step, msg.get("lora"))
             self.loop.submit(rid, prompt_ids, params, lambda out: self._on_output(step, out),
                              timeout_s=float(timeout_s) if timeout_s else None)
         except InvalidRequestError as e:  # the engine's rules (LLMEngine.check_request): the request's error frame
+            self._release_lora(step)
             self._on_rejected("invalid")
             emit(protocol.error_frame("invalid_arg", str(triton_error(e))), True)
-        except EngineBusyError as e:
+        except (EngineBusyError, LoraCacheFull) as e:
+            self._release_lora(step)
             self._on_rejected("queue_full")
             raise RefusedRequest(str(e), "unavailable") from None
         except EngineDeadError as e:
+            self._release_lora(step)
             self._on_rejected("not_serving")
             raise RefusedRequest(f"llm instance {self.instance} is not serving: {e}", "unavailable") from None
         return rid
+
+    def _acquire_lora(self, step: _Step, lora) -> str | None:
+        """The engine adapter name of the frame's "lora" (None: the base model); step.lora is set
+        once the task is held. Raises InvalidRequestError naming the client's input, LoraCacheFull."""
+        if lora is None:
+            return None
+        if not isinstance(lora, dict):
+            raise InvalidRequestError("lora_task_id", f"malformed LoRA entry {type(lora).__name__}")
+        if self.lora_tasks is None:
+            field = "lora_id" if lora.get("path") is not None else "lora_task_id"
+            raise InvalidRequestError(field, "this model serves no LoRA adapters (the llm parameter enable_lora is 0)")
+        lora = dict(lora)
+        for key, field in (("weights", "lora_weights"), ("config", "lora_config")):
+            if lora.get(key) is not None:
+                try:
+                    lora[key] = protocol.decode_array(lora[key], field)
+                except ValueError as e:
+                    raise InvalidRequestError(field, str(e).split(": ", 1)[-1]) from None
+        name = self.lora_tasks.acquire(lora)
+        step.lora = lora
+        return name
+
+    def _release_lora(self, step: _Step) -> None:
+        if step.lora is not None and self.lora_tasks is not None:
+            lora, step.lora = step.lora, None
+            self.lora_tasks.release(lora)
 
     def abort(self, request_id: str) -> None:
         self.loop.abort(request_id)
@@ -114,8 +147,11 @@ class EnsembleStepHandler:
         """Engine thread: metrics, then at most one frame."""
         self._on_metrics(out)
         if out.finish_reason == "error" or out.error:  # failed, or aborted at its deadline
+            self._release_lora(step)
             step.emit(protocol.error_frame(out.error_code, out.error), True)
             return
+        if out.finished:
+            self._release_lora(step)
         flush = step.buffers.add(out)
         if flush is not None:
             step.emit(protocol.output_frame(out, flush, step.logprobs, step.perf), out.finished)

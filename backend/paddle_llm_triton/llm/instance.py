@@ -2,7 +2,8 @@
 
 `LLMInstance(args, model_config)` builds, from Triton's initialize() arguments: the metrics thread,
 the engine (LLMEngine), the engine loop (its own thread), the response-sender ledger, the drain, the
-control bus with the `stop` requests it carries, the responder thread, the engine channel that serves
+control bus with the `stop` requests and the runtime LoRA loads it carries (llm/lora_admin.py; the
+adapters it starts with: llm/lora_start.py), the responder thread, the engine channel that serves
 the ensemble's requests, the stall watchdog and the opt-in memory trace. `submit` is the direct
 (vLLM-contract) request path; `close()` ends them all in the one order that lets requests in flight
 end with an error instead of never. The model file keeps only what speaks pb_utils to Triton.
@@ -27,6 +28,9 @@ from paddle_llm_triton.lifecycle.memory_trace import start_from_env as start_mem
 from paddle_llm_triton.lifecycle.restarts import notify_failure, restart_count
 from paddle_llm_triton.lifecycle.senders import SenderLedger
 from paddle_llm_triton.llm.ensemble_steps import EnsembleStepHandler
+from paddle_llm_triton.llm.lora_admin import BUS_TYPE as LORA_BUS_TYPE, LoraAdmin
+from paddle_llm_triton.llm.lora_start import add_start_adapters, explain_start_error, runtime_settings
+from paddle_llm_triton.llm.lora_tasks import LoraTasks
 from paddle_llm_triton.llm.responder import Responder
 from paddle_llm_triton.llm.stop_requests import StopRequests
 from paddle_llm_triton.llm.vllm_request import VllmRequest
@@ -47,11 +51,16 @@ class LLMInstance:
         opts = serving_options(model_config)
         self.name = args["model_instance_name"]
         self.model_name = args["model_name"]
+        lora_runtime = runtime_settings(cfg, opts)  # None: runtime LoRA updating off (checked before the engine)
+        lora_from_file = add_start_adapters(cfg, args)  # multi_lora.json beside the model (enable_lora 1)
         log.info("llm instance %s: %s", self.name, cfg)
         self.metrics = LLMMetrics({"model": self.model_name, "version": str(args["model_version"]),
                                    "instance": self.name}, restarts_before=restart_count(self.model_name),
                                   names=opts.metrics_names)
-        self.engine = LLMEngine(cfg)
+        try:
+            self.engine = LLMEngine(cfg)
+        except ValueError as e:  # an adapter of multi_lora.json: the file is named too
+            raise explain_start_error(e, lora_from_file) from None
         self._report_engine_config()
         install_step_fault(self.engine, opts.fault_inject_after_steps)  # tests only; 0 = off
         self.default_max_tokens = opts.default_max_tokens  # 0: max_model_len - prompt tokens
@@ -62,13 +71,18 @@ class LLMInstance:
                            open_responses=self.senders.open_by_kind)
         self.control = ControlBus(self.model_name, self.name, {}, instance_names(model_config, self.model_name))
         self.stops = StopRequests(self.loop.abort, self.control.publish)
-        self.control.handlers.update(stop=self.stops.on_control, drain=self.drain.on_drain, status=self.drain.status)
+        self.lora_admin = LoraAdmin(self.engine, lora_runtime, self.control)  # runtime loads, on every instance
+        self.control.handlers.update(stop=self.stops.on_control, drain=self.drain.on_drain, status=self.drain.status,
+                                     **{LORA_BUS_TYPE: self.lora_admin.on_bus})
         self.responder = Responder(abort=self.loop.abort, decode_token=self._decode_token,
                                    on_finished=self._on_finished, poll_s=opts.cancellation_check_period_ms / 1000.0,
                                    coalesce=opts.coalesce_stream_responses, stream_interval=opts.stream_interval)
+        # TensorRT-LLM's LoRA task ids of the ensemble's requests: a cache directory of this instance's own
+        self.lora_tasks = LoraTasks(self.engine, opts.lora_cache_host_memory_bytes) if cfg.enable_lora else None
         self.channel = ChannelServer(self.model_name, self.name, EnsembleStepHandler(
             self.loop, self.metrics.on_output, self.default_max_tokens, cfg.max_model_len, self.name,
-            on_rejected=self.metrics.on_rejected, drain=self.drain, stream_interval=opts.stream_interval))
+            on_rejected=self.metrics.on_rejected, drain=self.drain, stream_interval=opts.stream_interval,
+            lora_tasks=self.lora_tasks))
         self.watchdog = StallWatchdog({"the engine step": self._step_started_at,
                                        "a response send to Triton": self._send_started},
                                       self.loop.declare_failed, opts.max_step_seconds,
@@ -159,6 +173,7 @@ class LLMInstance:
                  ("engine loop", lambda: self.loop.shutdown(
                      message=f"llm instance {self.name} was unloaded before the request finished")),
                  ("engine", self.engine.close),  # tensor parallel: stops the worker processes
+                 ("LoRA task cache", self.lora_tasks.close if self.lora_tasks is not None else lambda: None),
                  ("control bus", self.control.close), ("responder", self.responder.shutdown),
                  ("metrics", self.metrics.shutdown)]
         if self.memory_trace is not None:

@@ -8,7 +8,11 @@ exclude_input_from_output, return_perf_metrics), return_finish_reason / return_s
 return_cumulative_logprob, and `stop` (the stop signal, with the request id of the request to stop).
 As the llmapi's SamplingParams: max_tokens 32 when not sent, greedy unless temperature, top_k or
 top_p is sent, and text_output holds the generated text only.
-Refused, naming the input: image_url (no multimodal models here), lora_* (no LoRA yet), best_of > 1.
+LoRA (lora_request): lora_id, lora_name and lora_path together (TensorRT-LLM's rule), lora_ckpt_source
+"hf" (the default; "nemo" is refused); served when lora_path is the folder of an adapter the `llm`
+instance loaded at start (its lora_modules), which the request then runs with; a request never
+makes the server read a folder it names (llm/lora_tasks.py).
+Refused, naming the input: image_url (no multimodal models here), best_of > 1.
 
 Outputs (names and dtypes of its config.pbtxt): text_output [1] BYTES; finish_reason / stop_reason
 [1] BYTES ("stop", "length", "cancelled" / the stop string, or "None" as its str(None)) when asked;
@@ -34,8 +38,6 @@ SAMPLING_INPUTS = {
 }
 UNSUPPORTED = {
     "image_url": "multimodal inputs are not supported (no vision model on this engine)",
-    "lora_id": "LoRA adapters are not supported yet", "lora_name": "LoRA adapters are not supported yet",
-    "lora_path": "LoRA adapters are not supported yet", "lora_ckpt_source": "LoRA adapters are not supported yet",
     "sampling_param_logits_post_processor_name": "named logits post-processors are not supported",
 }
 
@@ -85,6 +87,37 @@ def preprocessing_row(tensors: dict, decoupled: bool) -> tuple[dict, dict]:
              "finish_reason": _flag(tensors, "return_finish_reason"),
              "stop_reason": _flag(tensors, "return_stop_reason"), "cum": cum}
     return row, flags
+
+
+LORA_INPUTS = ("lora_id", "lora_name", "lora_path")
+
+
+def _text(arr) -> str:
+    v = arr.reshape(-1)[0]
+    return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+
+
+def lora_request(tensors: dict) -> dict | None:
+    """The llmapi's LoRARequest inputs -> the generate frame's "lora" (engine_channel/protocol.py),
+    None when none of lora_id / lora_name / lora_path is sent. Raises InvalidRequestError naming the
+    input (the first one sent when one of the three is missing; a tensor of more than one value)."""
+    given = {k: tensors[k] for k in LORA_INPUTS + ("lora_ckpt_source",) if _asked(tensors.get(k))}
+    if not any(k in given for k in LORA_INPUTS):
+        if "lora_ckpt_source" in given:
+            raise InvalidRequestError("lora_ckpt_source", "lora_id, lora_name, and lora_path must all be provided "
+                                                          "together")
+        return None
+    if any(k not in given for k in LORA_INPUTS):  # named after the first one sent
+        raise InvalidRequestError(next(k for k in LORA_INPUTS if k in given),
+                                  "lora_id, lora_name, and lora_path must all be provided together")
+    for k in LORA_INPUTS:
+        if given[k].size != 1:
+            raise InvalidRequestError(k, f"expected a scalar tensor, got shape {list(given[k].shape)}")
+    source = _text(given["lora_ckpt_source"]) if "lora_ckpt_source" in given else "hf"
+    if source not in ("hf", "nemo"):
+        raise InvalidRequestError("lora_ckpt_source", f"must be one of ('hf', 'nemo'), got {source!r}")
+    return {"task_id": int(given["lora_id"].reshape(-1)[0]), "name": _text(given["lora_name"]),
+            "path": _text(given["lora_path"]), "ckpt_source": source}
 
 
 def rename_error(message: str) -> str:

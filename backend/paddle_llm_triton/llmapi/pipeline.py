@@ -36,10 +36,12 @@ class LLMAPIPipeline(EnsemblePipeline):
     def _rows(self, request) -> tuple[list[Row], int]:
         tensors = {t.name(): t.as_numpy() for t in request.inputs()}
         row, flags = contract.preprocessing_row(tensors, self.decoupled)
+        lora = contract.lora_request(tensors)
         try:
             r = steps.preprocess(self.pre_model, 0, row)
         except StepError as e:
             raise StepError(contract.rename_error(str(e)), e.code) from None
+        r.lora = lora
         r.perf = flags["perf"]
         r.llmapi_flags = flags  # what the client asked to get back (contract.output_arrays)
         return [r], 1

@@ -53,7 +53,51 @@ class _Args(ctypes.Structure):
                [("eps", ctypes.c_double), ("scale", ctypes.c_double)] + \
                [(n, ctypes.c_void_p) for n in ("embeddings", "positions", "cos", "sin", "slots", "block_tables",
                                                "context_lens", "final_norm", "layers", "out")] + \
-               [("sgemm", ctypes.c_void_p), ("gemv_max_batch", ctypes.c_int64), ("kv_dtype", ctypes.c_int64)]
+               [("sgemm", ctypes.c_void_p), ("gemv_max_batch", ctypes.c_int64), ("kv_dtype", ctypes.c_int64),
+                ("lora_rows", ctypes.c_void_p), ("lora", ctypes.c_void_p), ("lora_slots", ctypes.c_int64)]
+
+
+class _Lora(ctypes.Structure):
+    _fields_ = [("a", ctypes.c_void_p), ("b", ctypes.c_void_p), ("r", ctypes.c_int64)]
+
+
+# The linears of a layer in the LoRA table's order (csrc/kernels.h PlkDecodeStack.lora).
+LORA_LINEARS = ("qkv", "o", "gate_up", "down")
+
+
+class LoraTable:
+    """LoRA factors the stack adds to its linears: for each layer, linear (LORA_LINEARS) and
+    adapter slot, a [r, K] and b [r, N] fp32 (scale folded into b), or nothing.
+
+    set_slot(slot, {(layer, linear name): (a, b)}) replaces a slot's factors (the table keeps the
+    tensors alive)."""
+
+    def __init__(self, num_layers: int, num_slots: int):
+        self.num_layers = num_layers
+        self.num_slots = num_slots
+        self.entries = (_Lora * (num_layers * len(LORA_LINEARS) * num_slots))()
+        self._keep: dict[int, list] = {}
+
+    def set_slot(self, slot: int, factors: dict) -> None:
+        """Raises ValueError for a slot, layer or linear out of range, or a factor that is not a
+        contiguous CPU fp32 tensor of matching rank."""
+        if not 0 <= slot < self.num_slots:
+            raise ValueError(f"LoRA slot {slot} outside [0, {self.num_slots})")
+        for layer in range(self.num_layers):
+            for j in range(len(LORA_LINEARS)):
+                self.entries[(layer * len(LORA_LINEARS) + j) * self.num_slots + slot] = _Lora(None, None, 0)
+        keep = []
+        for (layer, linear), (a, b) in factors.items():
+            if not 0 <= layer < self.num_layers or linear not in LORA_LINEARS:
+                raise ValueError(f"LoRA factors for layer {layer} {linear!r}: no such linear in the stack")
+            r = a.shape[0]
+            if len(a.shape) != 2 or len(b.shape) != 2 or b.shape[0] != r:
+                raise ValueError(f"LoRA factors of layer {layer} {linear}: a {list(a.shape)} and b {list(b.shape)} "
+                                 f"are not [r, K] and [r, N]")
+            idx = (layer * len(LORA_LINEARS) + LORA_LINEARS.index(linear)) * self.num_slots + slot
+            self.entries[idx] = _Lora(_ptr(a, paddle.float32, "LoRA a"), _ptr(b, paddle.float32, "LoRA b"), r)
+            keep += [a, b]
+        self._keep[slot] = keep
 
 # The C++ KvDtype codes (csrc/kv_dtype.h) of the cache dtypes the kernels read and write.
 _KV_DTYPE_CODE = {paddle.float32: 0, paddle.bfloat16: 1, paddle.float16: 2}
@@ -239,7 +283,10 @@ class DecodeStack:
 
     def run(self, h: paddle.Tensor, positions: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor,
             slot_mapping: paddle.Tensor, block_tables: paddle.Tensor, context_lens: paddle.Tensor,
-            kv_caches) -> paddle.Tensor | None:
+            kv_caches, lora_rows: paddle.Tensor | None = None, lora_table: LoraTable | None = None
+            ) -> paddle.Tensor | None:
+        """lora_rows [B] int64 (each row's adapter slot, -1 none) with lora_table: the rows' LoRA
+        deltas are added after each linear; None: no LoRA."""
         b = h.shape[0]
         if b > self.max_batch:
             return None
@@ -262,6 +309,14 @@ class DecodeStack:
         a.block_tables = _ptr(block_tables, paddle.int32, "block_tables")
         a.context_lens = _ptr(context_lens, paddle.int32, "context_lens")
         a.out = out.data_ptr()
+        if lora_rows is None:
+            a.lora_rows, a.lora, a.lora_slots = None, None, 0
+        else:
+            if list(lora_rows.shape) != [b] or lora_table is None:
+                raise ValueError(f"decode stack: lora_rows {list(lora_rows.shape)} for {b} rows, table {lora_table}")
+            a.lora_rows = _ptr(lora_rows, paddle.int64, "lora_rows")
+            a.lora = ctypes.addressof(lora_table.entries)
+            a.lora_slots = lora_table.num_slots
         tuner = self.tuner
         if tuner is None:
             rc = self._fn(ctypes.byref(a), self._err, _ERR_LEN)

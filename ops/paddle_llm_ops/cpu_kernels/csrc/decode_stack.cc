@@ -55,6 +55,38 @@ void run_linear(Isa isa, const PlkLinear& l, const float* x, float* y, int64_t B
   }
 }
 
+// LoRA deltas of one linear (index lin: 0 qkv, 1 o, 2 gate_up, 3 down) of layer `layer`: for each
+// adapter slot, its rows of x [B, K] are gathered, t = x a^T [n, r] (the GEMV streams a once for
+// the n rows), then each row adds t[j] * b[j, :] over its r rows of b [r, N] (contiguous, so the
+// loop over N vectorizes; a GEMV over N outputs of only r inputs each would be mostly overhead).
+void add_lora(Isa isa, const PlkDecodeStack& a, int64_t layer, int64_t lin, const float* x, float* y, int64_t B,
+              int64_t N, int64_t K, std::vector<float>& scratch) {
+  if (!a.lora_rows) return;
+  std::vector<int64_t> rows;
+  for (int64_t s = 0; s < a.lora_slots; ++s) {
+    const PlkLora& f = a.lora[(layer * 4 + lin) * a.lora_slots + s];
+    if (f.r == 0) continue;
+    rows.clear();
+    for (int64_t b = 0; b < B; ++b)
+      if (a.lora_rows[b] == s) rows.push_back(b);
+    if (rows.empty()) continue;
+    const int64_t n = static_cast<int64_t>(rows.size());
+    scratch.resize(static_cast<size_t>(n * (K + f.r)));
+    float* xg = scratch.data();
+    float* t = xg + n * K;
+    for (int64_t i = 0; i < n; ++i) std::memcpy(xg + i * K, x + rows[i] * K, sizeof(float) * K);
+    gemv_f32(isa, xg, f.a, nullptr, t, n, f.r, K);
+    for (int64_t i = 0; i < n; ++i) {
+      float* __restrict yr = y + rows[i] * N;
+      for (int64_t j = 0; j < f.r; ++j) {
+        const float tj = t[i * f.r + j];
+        const float* __restrict bj = f.b + j * N;
+        for (int64_t c = 0; c < N; ++c) yr[c] += tj * bj[c];
+      }
+    }
+  }
+}
+
 struct Err {
   char* buf;
   int64_t len;
@@ -127,6 +159,19 @@ bool check(const PlkDecodeStack& a, Err& e) {
     if (w4a8 && a.isa != static_cast<int64_t>(Isa::kAvx512Vnni))
       return e.fail("layer %lld: int4 x int8 linears run on isa avx512_vnni only", (long long)i);
   }
+  if (a.lora_rows) {
+    if (!a.lora || a.lora_slots < 1) return e.fail("lora_rows given without a LoRA table of >= 1 slot");
+    for (int64_t b = 0; b < a.B; ++b)
+      if (a.lora_rows[b] < -1 || a.lora_rows[b] >= a.lora_slots)
+        return e.fail("lora_rows[%lld] = %lld outside [-1, %lld)", (long long)b, (long long)a.lora_rows[b],
+                      (long long)a.lora_slots);
+    for (int64_t i = 0; i < a.num_layers * 4 * a.lora_slots; ++i) {
+      const PlkLora& f = a.lora[i];
+      if (f.r < 0 || f.r > 4096 || (f.r > 0 && (!f.a || !f.b)))
+        return e.fail("LoRA table entry %lld: rank %lld with factors %p / %p", (long long)i, (long long)f.r,
+                      (const void*)f.a, (const void*)f.b);
+    }
+  }
   for (int64_t b = 0; b < a.B; ++b) {
     if (a.positions[b] < 0 || a.positions[b] >= a.P)
       return e.fail("positions[%lld] = %lld outside the rotary table [0, %lld)", (long long)b,
@@ -196,6 +241,8 @@ void decode_stack(const PlkDecodeStack& a) {
   at.scale = static_cast<float>(a.scale);
   at.kv_dtype = static_cast<KvDtype>(a.kv_dtype);
 
+  std::vector<float> lora_scratch;
+  const int64_t qkv_n = (nh + 2 * kvh) * d;
   bool have_delta = false;  // proj holds the previous layer's MLP output, not yet added to h
   for (int64_t i = 0; i < a.num_layers; ++i) {
     const PlkLayer& l = a.layers[i];
@@ -205,6 +252,7 @@ void decode_stack(const PlkDecodeStack& a) {
     else
       rms_norm(isa, h, nullptr, l.in_norm, eps, normed, nullptr, B, H);
     run_linear(isa, l.qkv, normed, qkv, B, a.act_group, a);
+    add_lora(isa, a, i, 0, normed, qkv, B, qkv_n, H, lora_scratch);
     r.q_norm = l.q_norm;
     r.k_norm = l.k_norm;
     r.k_cache = l.k_cache;
@@ -214,10 +262,13 @@ void decode_stack(const PlkDecodeStack& a) {
     at.v_cache = l.v_cache;
     paged_decode_attention(isa, at);
     run_linear(isa, l.o, attn, proj, B, a.act_group, a);
+    add_lora(isa, a, i, 1, attn, proj, B, H, nh * d, lora_scratch);
     rms_norm(isa, proj, h, l.post_norm, eps, normed, h, B, H);
     run_linear(isa, l.gate_up, normed, gu, B, a.act_group, a);
+    add_lora(isa, a, i, 2, normed, gu, B, 2 * I, H, lora_scratch);
     silu_mul(isa, gu, act, B, I);
     run_linear(isa, l.down, act, proj, B, a.act_group, a);
+    add_lora(isa, a, i, 3, act, proj, B, H, I, lora_scratch);
     have_delta = true;
   }
   rms_norm(isa, proj, h, a.final_norm, eps, a.out, x, B, H);

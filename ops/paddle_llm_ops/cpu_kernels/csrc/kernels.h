@@ -106,6 +106,14 @@ struct PlkLayer {
   void* v_cache;
 };
 
+// One LoRA adapter's factors on one linear (fp32, the adapter's scale folded into b): the linear's
+// rows of that adapter get y += b (a x). r = 0: the adapter leaves this linear alone.
+struct PlkLora {
+  const float* a;  // [r, K]
+  const float* b;  // [r, N]
+  int64_t r;
+};
+
 struct PlkDecodeStack {
   int64_t isa;           // Isa
   int64_t act_group;     // w8a8 activation group (0: per row)
@@ -126,6 +134,11 @@ struct PlkDecodeStack {
   const void* sgemm;
   int64_t gemv_max_batch;
   int64_t kv_dtype;             // KvDtype of every layer's cache
+  // LoRA (null lora_rows: no row has an adapter): each row's adapter slot (-1: none) and the
+  // factors, [num_layers][4: qkv, o, gate_up, down][lora_slots].
+  const int64_t* lora_rows;     // [B]
+  const PlkLora* lora;
+  int64_t lora_slots;
 };
 void decode_stack(const PlkDecodeStack& a);
 
