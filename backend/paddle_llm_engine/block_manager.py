@@ -206,10 +206,11 @@ class BlockManager:
                 self._hash_to_block[h] = b
                 self._block_hash[b] = h
                 self._block_tokens[b] = tokens
-                if self.events is not None:
-                    self._record_stored(h, parent, tokens)
+                if self.events is not None:  # a first block's parent is the adapter's key, not a block
+                    self._record_stored(h, parent if i else None, tokens,
+                                        seq.lora.lora_id if seq.lora is not None else None)
 
-    def _record_stored(self, h: int, parent: int | None, tokens: tuple[int, ...]) -> None:
+    def _record_stored(self, h: int, parent: int | None, tokens: tuple[int, ...], lora_id: int | None = None) -> None:
         """A block joined the cache: extend the last "stored" event when it continues that chain
         (one event per run of blocks, as vLLM publishes them), else start one."""
         last = self.events[-1] if self.events else None
@@ -217,7 +218,7 @@ class BlockManager:
             last[1].append(h)
             last[3].extend(tokens)
         else:
-            self.events.append(("stored", [h], parent, list(tokens)))
+            self.events.append(("stored", [h], parent, list(tokens), lora_id))
 
     def trim(self, seq: Sequence, num_tokens: int) -> None:
         """Drop the blocks of seq's table that lie wholly past its first `num_tokens` tokens

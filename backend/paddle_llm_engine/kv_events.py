@@ -6,7 +6,8 @@ Wire format (vLLM's `vllm.distributed.kv_events`, the layout of vLLM 0.9 to 0.11
 decode): msgpack, structs as arrays, events tagged with their class name:
     KVEventBatch      = [ts (float, Unix seconds), [event, ...], data_parallel_rank (0)]
     BlockStored       = ["BlockStored", block_hashes, parent_block_hash | nil, token_ids, block_size,
-                         lora_id (nil), medium]
+                         lora_id (the engine's id of the adapter the blocks were computed with, nil for
+                         the base model), medium]
     BlockRemoved      = ["BlockRemoved", block_hashes, medium]
     AllBlocksCleared  = ["AllBlocksCleared"]
 Transport: a ZeroMQ PUB socket sends multipart messages (topic, sequence number as 8 bytes
@@ -78,7 +79,7 @@ def to_events(raw: list[tuple], block_size: int, medium: str) -> list[KVCacheEve
     out: list[KVCacheEvent] = []
     for e in raw:
         if e[0] == "stored":
-            out.append(BlockStored(list(e[1]), e[2], list(e[3]), block_size, None, medium))
+            out.append(BlockStored(list(e[1]), e[2], list(e[3]), block_size, e[4] if len(e) > 4 else None, medium))
         else:
             out.append(BlockRemoved(list(e[1]), medium))
     return out

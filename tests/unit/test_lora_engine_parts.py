@@ -201,3 +201,17 @@ def test_lora_apply_matches_numpy_per_row():
     a, b = f[0]
     got_all = lora_apply(t(y), t(x), [(None, t(a), t(b))], None).numpy()
     np.testing.assert_allclose(got_all, y + x.astype(np.float64) @ a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_kv_events_carry_the_adapter_and_start_each_chain_without_a_parent():
+    from paddle_llm_engine.kv_events import to_events
+
+    bm = BlockManager(64, 4, enable_prefix_caching=True)
+    bm.events = []
+    for i, lora in enumerate((_adapter(7), None)):
+        s = Sequence(f"e{i}", list(range(10, 19)), SamplingParams(), 4, [2])
+        s.lora = lora
+        _run_prompt(bm, s)
+    ev = to_events(bm.events, 4, "cpu")
+    assert [(e.parent_block_hash, e.lora_id, len(e.block_hashes)) for e in ev] == [(None, 7, 2), (None, None, 2)]
+    assert set(ev[0].block_hashes).isdisjoint(ev[1].block_hashes)
