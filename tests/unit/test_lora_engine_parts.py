@@ -215,3 +215,23 @@ def test_kv_events_carry_the_adapter_and_start_each_chain_without_a_parent():
     ev = to_events(bm.events, 4, "cpu")
     assert [(e.parent_block_hash, e.lora_id, len(e.block_hashes)) for e in ev] == [(None, 7, 2), (None, None, 2)]
     assert set(ev[0].block_hashes).isdisjoint(ev[1].block_hashes)
+
+
+def test_lora_apply_ranges_equal_the_gathered_form():
+    import paddle
+
+    from paddle_llm_ops.lora import lora_apply
+
+    rng = np.random.default_rng(1)
+    T, K, N = 9, 6, 5
+    x, y = rng.standard_normal((T, K)).astype(np.float32), rng.standard_normal((T, N)).astype(np.float32)
+    f = [(rng.standard_normal((K, 2)).astype(np.float32), rng.standard_normal((2, N)).astype(np.float32))
+         for _ in range(2)]
+    t = paddle.to_tensor
+    ranges = [(5, 8), (1, 3)]  # out of order, base rows before, between and after
+    got = lora_apply(t(y), t(x), [(r, t(a), t(b)) for r, (a, b) in zip(ranges, f)], None).numpy()
+    want = y.astype(np.float64).copy()
+    for (s, e), (a, b) in zip(ranges, f):
+        want[s:e] += x[s:e].astype(np.float64) @ a @ b
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert got.shape == (T, N)

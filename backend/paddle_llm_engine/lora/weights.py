@@ -144,6 +144,9 @@ class LoraBatch:
         self.num_rows = len(row_slots)
         used = sorted(int(s) for s in np.unique(row_slots) if s >= 0)
         self.rows = {s: np.flatnonzero(row_slots == s).astype(np.int64) for s in used}
+        # every adapter's rows one contiguous range (prompt chunks): sliced, not gathered
+        self.ranges = {s: (int(r[0]), int(r[-1]) + 1) for s, r in self.rows.items()}
+        self.contiguous = all(b - a == len(self.rows[s]) for s, (a, b) in self.ranges.items())
         self._rows_t: dict[int, paddle.Tensor] = {}
         self._gathers: dict[tuple[int, ...], paddle.Tensor | None] = {}
         self._stack_rows = None
@@ -157,16 +160,18 @@ class LoraBatch:
             self._stack_rows = from_numpy(self.row_slots.astype(np.int64))
         return self._stack_rows, self.weights.stack_table
 
-    def _rows_tensor(self, slot: int) -> paddle.Tensor | None:
+    def _rows_tensor(self, slot: int):
         if len(self.rows[slot]) == self.num_rows:
             return None
+        if self.contiguous:
+            return self.ranges[slot]
         if slot not in self._rows_t:
             self._rows_t[slot] = from_numpy(self.rows[slot])
         return self._rows_t[slot]
 
     def _gather(self, slots: tuple[int, ...]) -> paddle.Tensor | None:
         if slots not in self._gathers:
-            if len(slots) == 1 and len(self.rows[slots[0]]) == self.num_rows:
+            if self.contiguous:
                 self._gathers[slots] = None
             else:
                 total = sum(len(self.rows[s]) for s in slots)
