@@ -9,6 +9,8 @@ from dataclasses import InitVar, dataclass, field
 
 from paddle_llm_engine.hf_config import read_model_fields
 from paddle_llm_engine.platforms.settings import check_settings
+from paddle_llm_engine.config_lora import check_lora_settings, parse_lora_modules
+from paddle_llm_engine.config_tp_hosts import parse_tp_hosts  # noqa: F401 (EngineConfig.validate; re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -225,17 +227,13 @@ class EngineConfig:
         template thinks and its tokenizer has the markers; else off, logged once), "none", or a
         family (qwen3, ernie45, deepseek_r1; reasoning/registry.py). A thinking span is what
         reasoning_max_tokens budgets, what guided decoding waits for, and what the outputs split.
-    enable_lora: 1 serves LoRA adapters (HF PEFT folders) of this base model beside it: requests
-        name one (lora_name) and rows of different adapters share a step (lora/,
-        docs/features/lora.md); 0 (the default): every LoRA field is refused.
-    lora_modules: adapters loaded at start, "name=path" entries separated by commas or spaces
-        (vLLM's --lora-modules), or a JSON list of {"name": ..., "path": ...}; needs enable_lora.
-        A bad folder stops the start, naming the adapter and the field.
-    max_loras: adapters one step may use (device slots; vLLM's name); requests of a further adapter
-        wait until a slot's adapter has no running request (>= 1).
-    max_lora_rank: the largest LoRA rank accepted (adapters above it are refused at load).
-    max_cpu_loras: prepared adapter copies each worker keeps in host memory (least recently used
-        dropped first, read again from the folder when needed); 0 = max_loras.
+    enable_lora: 1 serves LoRA adapters (HF PEFT folders) of the base model; requests name one
+        (lora_name) and share steps (docs/features/lora.md); 0 (default): LoRA fields are refused.
+    lora_modules: adapters loaded at start: "name=path" entries (commas or spaces; vLLM's
+        --lora-modules) or a JSON list of {"name", "path"}; a bad folder stops the start.
+    max_loras: adapters one step may use (device slots); a further adapter's requests wait.
+    max_lora_rank: the largest LoRA rank accepted.
+    max_cpu_loras: prepared adapters each worker keeps in host memory (LRU); 0 = max_loras.
     """
 
     model_dir: str
@@ -322,7 +320,7 @@ class EngineConfig:
             if not (math.isfinite(self.tp_join_timeout_s) and self.tp_join_timeout_s > 0):
                 raise ValueError(f"tp_join_timeout_s must be > 0, got {self.tp_join_timeout_s}")
         self.validate_speculative()
-        self.validate_lora()
+        check_lora_settings(self)
         for name in ("kv_events_endpoint", "kv_events_replay_endpoint"):
             v = getattr(self, name).strip()
             if v and not v.startswith(("tcp://", "ipc://")):
@@ -351,54 +349,9 @@ class EngineConfig:
             raise ValueError(f"kv_cache_memory_fraction must be 0 (off) or in (0, 1], "
                              f"got {self.kv_cache_memory_fraction}")
 
-    def validate_lora(self) -> None:
-        """Check the LoRA settings (ValueError naming the field) and resolve max_cpu_loras 0."""
-        if self.enable_lora not in (0, 1):
-            raise ValueError(f"enable_lora must be 0 or 1, got {self.enable_lora}")
-        if self.max_loras < 1:
-            raise ValueError(f"max_loras must be >= 1, got {self.max_loras}")
-        if not 1 <= self.max_lora_rank <= 1024:
-            raise ValueError(f"max_lora_rank must be in 1..1024, got {self.max_lora_rank}")
-        if self.max_cpu_loras < 0:
-            raise ValueError(f"max_cpu_loras must be >= 0 (0 = max_loras), got {self.max_cpu_loras}")
-        if self.max_cpu_loras == 0:
-            self.max_cpu_loras = self.max_loras
-        if self.lora_module_entries() and not self.enable_lora:
-            raise ValueError("lora_modules needs enable_lora 1")
-
     def lora_module_entries(self) -> list[tuple[str, str]]:
-        """[(name, path)] of lora_modules: "name=path" entries separated by commas or whitespace, or
-        a JSON list of {"name", "path"} objects. Raises ValueError naming lora_modules for an entry
-        without a name or path, or a name given twice."""
-        import json
-
-        text = self.lora_modules.strip()
-        if not text:
-            return []
-        out: list[tuple[str, str]] = []
-        if text.startswith("["):
-            try:
-                items = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"lora_modules: not valid JSON ({e})") from None
-            for it in items if isinstance(items, list) else [None]:
-                if not isinstance(it, dict) or not isinstance(it.get("name"), str) or not isinstance(it.get("path"), str):
-                    raise ValueError(f'lora_modules: each JSON entry must be {{"name": str, "path": str}}, got {it!r}')
-                out.append((it["name"].strip(), it["path"].strip()))
-        else:
-            for entry in text.replace(",", " ").split():
-                name, eq, path = entry.partition("=")
-                if not eq:
-                    raise ValueError(f"lora_modules: entry {entry!r} is not name=path")
-                out.append((name.strip(), path.strip()))
-        for name, path in out:
-            if not name or not path:
-                raise ValueError(f"lora_modules: an entry needs a name and a path, got {name!r}={path!r}")
-        names = [n for n, _ in out]
-        dup = sorted({n for n in names if names.count(n) > 1})
-        if dup:
-            raise ValueError(f"lora_modules: adapter name(s) given twice: {', '.join(dup)}")
-        return out
+        """[(name, path)] of lora_modules (config_lora.parse_lora_modules; ValueError naming it)."""
+        return parse_lora_modules(self.lora_modules)
 
     @property
     def speculative(self) -> bool:
@@ -422,31 +375,3 @@ class EngineConfig:
         if self.speculative and self.num_speculative_tokens + 1 > self.max_num_batched_tokens:
             raise ValueError(f"num_speculative_tokens ({self.num_speculative_tokens}) + 1 must be <= "
                              f"max_num_batched_tokens ({self.max_num_batched_tokens})")
-
-
-def parse_tp_hosts(text: str, size: int) -> list[tuple[str, int]]:
-    """EngineConfig.tp_hosts -> [(address, ranks), ...] in rank order (the first entry is this host).
-
-    `text`: comma-separated "address[:ranks]" entries (an IPv4 address or a host name; ranks an
-    integer >= 1, default 1). Raises ValueError naming tp_hosts when an entry is empty or
-    malformed, an address repeats, the ranks do not add up to `size` (tensor_parallel_size), or
-    `size` is 1 (nothing to spread)."""
-    out: list[tuple[str, int]] = []
-    for entry in (e.strip() for e in text.split(",")):
-        host, sep, count = entry.partition(":")
-        host = host.strip()
-        if not host or any(c.isspace() for c in host) or (sep and not count.strip().isdigit()):
-            raise ValueError(f"tp_hosts: bad entry {entry!r} in {text!r} (expected address[:ranks], "
-                             f"e.g. \"10.0.0.1,10.0.0.2\" or \"hostA:2,hostB:2\")")
-        n = int(count) if sep else 1
-        if n < 1:
-            raise ValueError(f"tp_hosts: entry {entry!r} must name at least 1 rank")
-        if any(h == host for h, _ in out):
-            raise ValueError(f"tp_hosts: {host!r} is named twice in {text!r} (give it one entry host:ranks)")
-        out.append((host, n))
-    if size <= 1:
-        raise ValueError(f"tp_hosts ({text!r}) needs tensor_parallel_size > 1, got {size}")
-    total = sum(n for _, n in out)
-    if total != size:
-        raise ValueError(f"tp_hosts {text!r} names {total} ranks but tensor_parallel_size is {size}")
-    return out

@@ -27,6 +27,7 @@ from paddle_llm_engine.config import EngineConfig, ModelConfig
 from paddle_llm_engine.errors import EngineBusyError
 from paddle_llm_engine.executor import create_executor
 from paddle_llm_engine.kv_events import start_kv_events
+from paddle_llm_engine.lora.engine_api import LoraEngineMixin
 from paddle_llm_engine.guided import GuidedDecoding
 from paddle_llm_engine.outputs import EngineStats, RequestOutput
 from paddle_llm_engine.platforms import resolve_device
@@ -53,7 +54,7 @@ def _chat_template(tokenizer) -> str | None:
     return tpl if isinstance(tpl, str) else None
 
 
-class LLMEngine:
+class LLMEngine(LoraEngineMixin):
     """One engine: a scheduler over a paged KV cache and an executor for its device(s).
 
     Raises ValueError at construction for bad settings (naming them), and InvalidRequestError from
@@ -102,45 +103,6 @@ class LLMEngine:
                  "max concurrent tokens %d", self.device, time.monotonic() - t0, config.max_model_len,
                  config.max_num_seqs, config.max_num_batched_tokens,
                  self.executor.num_kv_blocks * config.block_size)
-
-    # -- LoRA adapters (lora/) ------------------------------------------------------------------
-    def _start_loras(self):
-        """The LoraRegistry with the lora_modules loaded, or None when enable_lora is 0. Raises
-        LoraError (a ValueError) naming the adapter and the field for a folder it cannot use."""
-        if not self.config.enable_lora:
-            return None
-        from paddle_llm_engine.lora import LoraRegistry
-
-        moe = self.model_config.moe
-        registry = LoraRegistry(self.model_config, self.config.max_loras, self.config.max_lora_rank,
-                                frozenset(moe.layers) if moe is not None else frozenset())
-        for name, path in self.config.lora_module_entries():
-            a = registry.add(name, path)
-            log.info("LoRA adapter %r loaded from %s: rank %d, %d projections", name, path, a.rank, len(a.modules))
-        return registry
-
-    def _lora_registry(self):
-        if self.loras is None:
-            from paddle_llm_engine.lora import LoraError
-
-            raise LoraError("enable_lora", "this model serves no LoRA adapters (enable_lora is 0)")
-        return self.loras
-
-    def add_lora(self, name: str, path: str):
-        """Load the PEFT LoRA folder `path` as adapter `name` (any thread; the workers read its
-        weights when a step first uses it). Returns the lora.LoraAdapter. Raises LoraError (an
-        InvalidRequestError) naming the field: enable_lora (LoRA off), lora_name (the name is loaded
-        from another folder), lora_path / target_modules / r / ... (lora/adapter.py read_adapter)."""
-        return self._lora_registry().add(name, path)
-
-    def remove_lora(self, name: str):
-        """Unload adapter `name` (any thread): new requests for it are refused, running ones finish
-        with it. Returns the unloaded LoraAdapter; LoraError (lora_name, enable_lora) otherwise."""
-        return self._lora_registry().remove(name)
-
-    def list_loras(self) -> list:
-        """The loaded lora.LoraAdapter objects in load order ([] when LoRA is off)."""
-        return [] if self.loras is None else self.loras.adapters()
 
     def info(self) -> dict[str, str]:
         """What this engine runs on, as strings: device, dtype, kv_cache_dtype, kernels (the optional
@@ -279,15 +241,6 @@ class LLMEngine:
                            spec_num_accepted_tokens=self.spec_num_accepted_tokens,
                            spec_accepted_per_pos=tuple(self.spec_accepted_per_pos),
                            **self._lora_stats())
-
-    def _lora_stats(self) -> dict:
-        """vLLM's lora_requests_info labels: the adapters of running and of waiting sequences."""
-        if self.loras is None:
-            return {}
-        sch = self.scheduler
-        return {"max_loras": self.config.max_loras,
-                "lora_running": tuple(sorted({s.lora.name for s in sch.running if s.lora is not None})),
-                "lora_waiting": tuple(sorted({s.lora.name for s in sch.waiting if s.lora is not None}))}
 
     def close(self) -> None:
         """Release the executor's processes (tensor parallel workers) and the guided-decoding mask

@@ -178,11 +178,7 @@ class SamplingParams:
         if self.min_tokens < 0:
             raise _bad_param("min_tokens", f"must be >= 0, got {self.min_tokens}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise _bad_param(
-                "min_tokens", f"({self.min_tokens}) must be <= max_tokens ({self.max_tokens})"
-            )
-        if self.lora_name is not None and (not isinstance(self.lora_name, str) or not self.lora_name):
-            raise _bad_param("lora_name", f"must be a non-empty string (a loaded LoRA adapter), got {self.lora_name!r}")
+            raise _bad_param("min_tokens", f"({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
         if isinstance(self.priority, bool) or not isinstance(self.priority, int) \
                 or not -2**31 <= self.priority < 2**31:
             raise _bad_param("priority", f"must be an integer in [-2^31, 2^31), got {self.priority!r}")
@@ -223,7 +219,9 @@ class SamplingParams:
 
     def _validate_extras(self) -> None:
         """truncate_prompt_tokens; reasoning_max_tokens >= 0 (whether the model can think is the
-        engine's check)."""
+        engine's check); lora_name a non-empty string (whether it is loaded is the engine's)."""
+        if self.lora_name is not None and (not isinstance(self.lora_name, str) or not self.lora_name):
+            raise _bad_param("lora_name", f"must be a non-empty string (a LoRA adapter), got {self.lora_name!r}")
         if self.truncate_prompt_tokens is not None and not (self.truncate_prompt_tokens >= 1
                                                             or self.truncate_prompt_tokens == -1):
             raise _bad_param("truncate_prompt_tokens",

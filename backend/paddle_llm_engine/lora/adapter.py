@@ -187,22 +187,10 @@ def _tensor_shapes(name: str, folder: Path) -> dict[str, tuple[int, ...]]:
         raise LoraError("lora_path", f"LoRA adapter {name!r}: {st} is not a safetensors file ({e})") from None
 
 
-def read_adapter(name: str, path: str, model: ModelConfig, max_lora_rank: int,
-                 moe_layers: frozenset[int] = frozenset()) -> LoraAdapter:
-    """Check the PEFT LoRA folder `path` against `model` and return the LoraAdapter `name`.
-
-    moe_layers: decoder layers whose MLP is a mixture of experts (an adapter may not target their
-    gate/up/down). Raises LoraError naming the adapter and the field: lora_path (missing folder or
-    file, not JSON / safetensors, a tensor with no partner), target_modules (a module the model does
-    not have or this engine does not adapt), r (rank 0 or above max_lora_rank), and the shape of a
-    tensor that differs from the base model's (an adapter trained for another base)."""
-    if not name or not isinstance(name, str):
-        raise LoraError("lora_name", f"a LoRA adapter name must be a non-empty string, got {name!r}")
-    folder = Path(path)
-    cfg = _read_config(name, folder)
-    alpha, rslora, rank_pattern, alpha_pattern, targets = _check_config(name, cfg)
-    shapes = _tensor_shapes(name, folder)
-    expected = module_shapes(model)
+def _tensors_by_module(name: str, shapes: dict[str, tuple[int, ...]], model: ModelConfig,
+                       moe_layers: frozenset[int]) -> dict[tuple[int, str], dict[str, tuple[int, ...]]]:
+    """{(layer, module): {"A" | "B": shape}} of an adapter's tensors; LoraError (target_modules,
+    lora_path) for a tensor that adapts nothing this engine adapts, or is not 2-D."""
     found: dict[tuple[int, str], dict[str, tuple[int, ...]]] = {}
     for key, shape in shapes.items():
         m = _KEY.match(key)
@@ -225,6 +213,26 @@ def read_adapter(name: str, path: str, model: ModelConfig, max_lora_rank: int,
         if len(shape) != 2:
             raise LoraError("lora_path", f"LoRA adapter {name!r}: tensor {key!r} has shape {list(shape)}, not 2-D")
         found.setdefault((layer, module), {})[which] = shape
+    return found
+
+
+def read_adapter(name: str, path: str, model: ModelConfig, max_lora_rank: int,
+                 moe_layers: frozenset[int] = frozenset()) -> LoraAdapter:
+    """Check the PEFT LoRA folder `path` against `model` and return the LoraAdapter `name`.
+
+    moe_layers: decoder layers whose MLP is a mixture of experts (an adapter may not target their
+    gate/up/down). Raises LoraError naming the adapter and the field: lora_path (missing folder or
+    file, not JSON / safetensors, a tensor with no partner), target_modules (a module the model does
+    not have or this engine does not adapt), r (rank 0 or above max_lora_rank), and the shape of a
+    tensor that differs from the base model's (an adapter trained for another base)."""
+    if not name or not isinstance(name, str):
+        raise LoraError("lora_name", f"a LoRA adapter name must be a non-empty string, got {name!r}")
+    folder = Path(path)
+    cfg = _read_config(name, folder)
+    alpha, rslora, rank_pattern, alpha_pattern, targets = _check_config(name, cfg)
+    shapes = _tensor_shapes(name, folder)
+    expected = module_shapes(model)
+    found = _tensors_by_module(name, shapes, model, moe_layers)
     if not found:
         raise LoraError("lora_path", f"LoRA adapter {name!r}: adapter_model.safetensors holds no LoRA tensors")
     modules = []
