@@ -31,8 +31,9 @@ SOAK_MINUTES ?= 30
 soak: setup
 	$(PYTHON_VENV) tests/soak/run_soak.py --minutes $(SOAK_MINUTES) $(SOAK_ARGS)
 
-# HF transformers (torch CPU) reference outputs, from their own venv build/ref-venv.
+# HF transformers and PEFT (torch CPU) reference outputs, from their own venv build/ref-venv.
 reference:
 	bash scripts/setup.sh --reference
 	build/ref-venv/bin/python tests/reference/make_hf_reference.py
 	build/ref-venv/bin/python tests/reference/make_tiny_references.py
+	build/ref-venv/bin/python tests/reference/make_lora_references.py

