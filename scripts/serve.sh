@@ -24,6 +24,9 @@
 #   TRITON_ADMIN_KEY    the admin header's secret (default: a new one per start, known only to the
 #                 launcher; 16+ characters of A-Za-z0-9._~-)
 #   VLLM_API_KEY  the key OpenAI clients must send as Authorization: Bearer (default: none needed)
+#   PADDLE_LLM_LORA_ADMIN_KEY  the secret runtime LoRA loads and unloads carry (llm parameter
+#                 allow_runtime_lora_updating; default: a new one per start, given to tritonserver and
+#                 the OpenAI frontend only; 16+ characters)
 #   OPENAI_MAX_REQUEST_BODY_BYTES  largest OpenAI request body, 413 above it (default 8388608)
 #
 # Model folder: nothing in the repository is rendered. MODEL_DIR reaches the server as the env var

@@ -22,6 +22,12 @@ processes of the same host that may read that (same user or root, unless /proc i
 
 Header names: HTTP clients send `ADMIN_HEADER`; gRPC clients send it prefixed `triton-grpc-protocol-`
 (Triton's rule for gRPC metadata, `grpc_headers()`).
+
+Runtime LoRA updates (the `llm` parameter allow_runtime_lora_updating) travel as inference requests
+(the open `inference` API), so they carry a secret of their own: `lora_admin_key()`, the value of
+PADDLE_LLM_LORA_ADMIN_KEY when the operator sets it, else one made once per launcher process. Every
+tritonserver (server_env) and OpenAI frontend (frontend.py) this process starts gets it in its
+environment, so a frontend and its server agree; it opens nothing but LoRA loads and unloads.
 """
 
 from __future__ import annotations
@@ -34,6 +40,9 @@ ADMIN_HEADER = "paddle-llm-admin-key"
 GRPC_HEADER_PREFIX = "triton-grpc-protocol-"
 RESTRICTED_ENV = "TRITON_RESTRICTED_APIS"
 KEY_ENV = "TRITON_ADMIN_KEY"
+LORA_KEY_ENV = "PADDLE_LLM_LORA_ADMIN_KEY"  # the llm model and the OpenAI frontend read the same name
+MIN_LORA_KEY_CHARS = 16
+_process_lora_key: list[str] = []  # the key made for this process, once
 # every API name Triton 2.51 accepts in the restricted-API flags (its --help)
 TRITON_APIS = ("health", "metadata", "inference", "shared-memory", "model-config", "model-repository",
                "statistics", "trace", "logging")
@@ -106,3 +115,17 @@ def admin_access(env: dict | None = None, extra_args=()) -> AdminAccess:
     key = env.get(KEY_ENV, "")
     key = check_key(key) if key else secrets.token_urlsafe(32)
     return AdminAccess(apis, key)
+
+
+def lora_admin_key(env: dict | None = None) -> str:
+    """The secret runtime LoRA loads and unloads must carry (module doc): PADDLE_LLM_LORA_ADMIN_KEY
+    from `env` (default os.environ) when set, else this process's own (made once, so every server and
+    frontend started here share it). Raises ValueError naming the variable for a key under 16 characters."""
+    key = (os.environ if env is None else env).get(LORA_KEY_ENV, "")
+    if key:
+        if len(key) < MIN_LORA_KEY_CHARS:
+            raise ValueError(f"{LORA_KEY_ENV}: must be at least {MIN_LORA_KEY_CHARS} characters (got {len(key)})")
+        return key
+    if not _process_lora_key:
+        _process_lora_key.append(secrets.token_urlsafe(32))
+    return _process_lora_key[0]

@@ -4,7 +4,8 @@
 (that is how the stub finds the venv's site-packages; PYTHONPATH is ignored) and the base
 interpreter's own lib directory first on LD_LIBRARY_PATH (so the stub does not mix a distribution
 libpython with the venv's). The model folder reaches the llm model as env var PADDLE_LLM_MODEL_DIR;
-its config parameter `model_dir`, when set to a non-empty value, wins over the variable.
+its config parameter `model_dir`, when set to a non-empty value, wins over the variable. The secret of
+runtime LoRA updates (admin_api.lora_admin_key) reaches it as PADDLE_LLM_LORA_ADMIN_KEY.
 
 Only the standard library is used here.
 """
@@ -17,6 +18,8 @@ import socket
 import sys
 import sysconfig
 from pathlib import Path
+
+from paddle_llm_launcher.admin_api import LORA_KEY_ENV, lora_admin_key
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the project is installed editable (scripts/setup.sh)
 DEFAULT_BACKEND_DIR = REPO_ROOT / "build" / "triton_backends"
@@ -62,6 +65,7 @@ def server_env(model_dir: str | os.PathLike | None, base: dict | None = None,
     env["PATH"] = _prepend(env.get("PATH"), str(python_bin or venv_bin()))
     env["LD_LIBRARY_PATH"] = _prepend(env.get("LD_LIBRARY_PATH"), python_libdir())
     env.pop("PYTHONHOME", None)
+    env[LORA_KEY_ENV] = lora_admin_key(env)
     if model_dir:
         env[MODEL_DIR_ENV] = str(Path(model_dir).resolve())
     return env

@@ -20,6 +20,7 @@ import urllib.request
 from pathlib import Path
 
 from paddle_llm_launcher import procs
+from paddle_llm_launcher.admin_api import LORA_KEY_ENV, lora_admin_key
 
 
 def frontend_command(grpc_port: int, metrics_port: int, openai_port: int, model_dir, host: str | None = None,
@@ -52,7 +53,9 @@ class OpenAIFrontend:
         out = open(self.log_path, mode) if self.log_path is not None else None
         self._last_start = time.monotonic()
         try:
-            env = dict(os.environ, PYTHONUNBUFFERED="1", **self.extra_env)
+            env = dict(os.environ, PYTHONUNBUFFERED="1")
+            env[LORA_KEY_ENV] = lora_admin_key(env)  # the same as its server's (admin_api.py)
+            env.update(self.extra_env)
             return subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT if out else None, env=env,
                                     preexec_fn=procs.set_parent_death_signal, close_fds=True)

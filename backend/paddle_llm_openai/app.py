@@ -16,6 +16,8 @@ that cannot serve or passing on a raw gRPC error.
 Draining (cli.py, on SIGTERM): /health/ready is 503 and new /v1 requests are 503 at once; requests
 in flight go on. API keys and the body-size limit: guards.py, inside the accounting (so 401 and 413
 are counted per endpoint).
+LoRA adapters (lora.py): each one `llm` serves is a model of /v1/models and of the completion routes;
+vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter exist when llm's allow_runtime_lora_updating is on.
 """
 
 from __future__ import annotations
@@ -27,15 +29,17 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from paddle_llm_openai import chat, completions
 from paddle_llm_openai.errors import OpenAIError
 from paddle_llm_openai.guards import DEFAULT_MAX_BODY_BYTES, Guards
+from paddle_llm_openai.lora import LoraAdapters, not_found_route
 from paddle_llm_openai.metrics import FrontendMetrics
-from paddle_llm_openai.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ModelCard,
-                                       ModelList, TokenizeRequest)
+from paddle_llm_openai.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
+                                       LoadLoraAdapterRequest, ModelCard, ModelList, TokenizeRequest,
+                                       UnloadLoraAdapterRequest)
 from paddle_llm_openai.triton_client import TritonLLM
 
 log = logging.getLogger("paddle_llm_openai")
@@ -48,7 +52,7 @@ class Frontend:
     """Shared state. served_names: model names clients may send (the first is the main one)."""
 
     def __init__(self, tritonserver_url: str, model: str, served_names: list[str], tokenizer: str | None,
-                 triton_metrics_url: str | None, reasoning_parser: str = "auto"):
+                 triton_metrics_url: str | None, reasoning_parser: str = "auto", lora_key: str = ""):
         self.tritonserver_url = tritonserver_url
         self.model = model
         self.served_names = served_names
@@ -62,6 +66,7 @@ class Frontend:
         self._renderer = None
         self._ready_at = -1.0   # time.monotonic() of the last ready answer
         self.llm_config: dict | None = None  # llm's Triton model config (read once, when first ready)
+        self.lora = LoraAdapters(self, lora_key)  # llm's LoRA adapters as models (lora.py)
 
     async def serving(self) -> bool:
         """llm is ready (a ready answer is trusted for READY_TTL_S; a not-ready one is asked again
@@ -256,16 +261,55 @@ def _error_handlers(app: FastAPI) -> None:
         return OpenAIError(500, f"{type(e).__name__}: {e}", code="internal_error").response()
 
 
+async def _lora_body(fe: Frontend, request: Request, cls):
+    """The body of a runtime LoRA route as `cls`, once the route exists (lora.not_found_route
+    otherwise); a malformed body is 400 as for every route."""
+    from pydantic import ValidationError
+
+    if not fe.lora.runtime_updating:
+        raise not_found_route()
+    try:
+        data = await request.json()
+    except ValueError as e:
+        raise OpenAIError(400, f"the body is not valid JSON: {e}", code="invalid_parameter") from None
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        raise RequestValidationError(e.errors()) from None
+
+
+def _lora_card(fe: Frontend, adapter: dict) -> ModelCard:
+    """A LoRA adapter as a model (vLLM's card: root its folder, parent the base model)."""
+    return ModelCard(id=adapter["name"], created=fe.created, root=adapter.get("path"), parent=fe.served_names[0])
+
+
 def _openai_routes(app: FastAPI, fe: Frontend) -> None:
     @app.get("/v1/models")
     async def models():
-        return ModelList(data=[ModelCard(id=n, created=fe.created) for n in fe.served_names]).model_dump()
+        cards = [ModelCard(id=n, created=fe.created) for n in fe.served_names]
+        cards += [_lora_card(fe, a) for a in await fe.lora.adapters()]
+        return ModelList(data=cards).model_dump()
 
     @app.get("/v1/models/{name:path}")
     async def model(name: str):
-        if name not in fe.served_names:
-            raise OpenAIError(404, f"The model `{name}` does not exist", param="model", code="model_not_found")
-        return ModelCard(id=name, created=fe.created).model_dump()
+        if name in fe.served_names:
+            return ModelCard(id=name, created=fe.created).model_dump()
+        for a in await fe.lora.adapters(refresh=True):
+            if a["name"] == name:
+                return _lora_card(fe, a).model_dump()
+        raise OpenAIError(404, f"The model `{name}` does not exist", param="model", code="model_not_found")
+
+    # vLLM's runtime LoRA routes (lora.py): 404 unless llm's allow_runtime_lora_updating is on, whatever
+    # the body (vLLM registers them only then), so the body is read after that check
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(request: Request):
+        req = await _lora_body(fe, request, LoadLoraAdapterRequest)
+        return PlainTextResponse(await fe.lora.load(req.lora_name, req.lora_path, bool(req.load_inplace)))
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(request: Request):
+        req = await _lora_body(fe, request, UnloadLoraAdapterRequest)
+        return PlainTextResponse(await fe.lora.unload(req.lora_name))
 
     async def _serve(request: Request, make, req):
         # watched from acceptance: a request still queued in the engine is cancelled when its client

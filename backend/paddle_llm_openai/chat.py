@@ -60,10 +60,12 @@ async def create(fe, req: ChatCompletionRequest):
     """A dict (non-streamed) or an async iterator of SSE bytes whose first `llm` response has
     already arrived (an error it reports is answered with its own status)."""
     params.check_refused(req)
-    model = params.check_model(fe.served_names, req.model)
+    lora = await fe.lora.resolve(req.model)  # a LoRA adapter's name, or None for the base model (404 neither)
+    model = req.model
     n = params.check_n(req)
     rf_guide = params.response_format_guide(req.response_format)
     sp, names = params.sampling(req, chat=True, guide=rf_guide)
+    params.add_lora(sp, names, lora)
     kwargs, split = reasoning_mod.apply(req, sp, names, req.chat_template_kwargs,
                                         fe.renderer.template_has_thinking_switch, fe.reasoning_parser)
     prompt, parser, tool_guide, choice = _render(fe, req, kwargs)

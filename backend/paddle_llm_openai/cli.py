@@ -15,6 +15,9 @@ names; the variable keeps the key off the command line, which other processes ca
 route but /health, /health/ready and /metrics require `Authorization: Bearer KEY`.
 `--max-request-body-bytes` (or OPENAI_MAX_REQUEST_BODY_BYTES; default 8 MiB) bounds a request's body:
 above it, 413 before it is read.
+
+Runtime LoRA loads (/v1/load_lora_adapter, lora.py) carry the server's LoRA admin key, read from the
+environment variable PADDLE_LLM_LORA_ADMIN_KEY (the launcher sets the same one for its tritonserver).
 """
 
 from __future__ import annotations
@@ -103,6 +106,7 @@ def api_keys(args, env=None) -> list[str]:
 
 
 API_KEY_ENV = "VLLM_API_KEY"
+LORA_KEY_ENV = "PADDLE_LLM_LORA_ADMIN_KEY"  # the secret of llm's runtime LoRA loads (llm/lora_admin.py)
 BODY_ENV = "OPENAI_MAX_REQUEST_BODY_BYTES"
 
 
@@ -134,7 +138,7 @@ def main(argv=None) -> int:
         host = args.tritonserver_url.rsplit(":", 1)[0]
         metrics_url = f"http://{host}:8002/metrics"
     fe = Frontend(args.tritonserver_url, args.model, served_names(args), args.tokenizer, metrics_url or None,
-                  reasoning_parser)
+                  reasoning_parser, lora_key=os.environ.get(LORA_KEY_ENV, ""))
     keys = api_keys(args)
     try:
         app = build_app(fe, keys, max_body_bytes(args))

@@ -35,10 +35,12 @@ async def create(fe, req: CompletionRequest):
     """A dict (non-streamed) or an async iterator of SSE bytes whose first event is already computed
     (so that an error the first `llm` response reports is answered with its own status)."""
     params.check_refused(req)
-    model = params.check_model(fe.served_names, req.model)
+    lora = await fe.lora.resolve(req.model)  # a LoRA adapter's name, or None for the base model (404 neither)
+    model = req.model
     n = params.check_n(req)
     prompts = _prompts(req.prompt)
     sp, names = params.sampling(req, chat=False, guide=params.response_format_guide(req.response_format))
+    params.add_lora(sp, names, lora)
     seeds = params.seeds(req.seed, n)
     rid = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())

@@ -70,6 +70,8 @@ def classify(message: str, names: Mapping[str, str] | None = None) -> OpenAIErro
     if any(p in low for p in _UNAVAILABLE):
         return OpenAIError(503, message, code="service_unavailable")
     m = _FIELD_RE.match(message)
+    if m and m.group(1) == "sampling_parameters.lora_name":  # the adapter the model names is not (any more) loaded
+        return OpenAIError(404, f"model: {m.group(2)}", param="model", code="model_not_found")
     if m and m.group(1).startswith(_LLM_FIELDS):
         param = to_openai_param(m.group(1), names or {})
         return OpenAIError(400, f"{param}: {m.group(2)}", param=param, code="invalid_parameter")

@@ -13,8 +13,8 @@ from __future__ import annotations
 import httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/tokenize", "/detokenize", "/health",
-             "/health/ready", "/metrics")
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/load_lora_adapter",
+             "/v1/unload_lora_adapter", "/tokenize", "/detokenize", "/health", "/health/ready", "/metrics")
 
 
 class FrontendMetrics:

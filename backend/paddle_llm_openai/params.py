@@ -168,6 +168,14 @@ def sampling(req, chat: bool, guide: dict | None = None, guide_param: str = "res
     return sp, names
 
 
+def add_lora(sp: dict, names: dict, lora: str | None) -> None:
+    """A request whose `model` is a LoRA adapter (lora.py) runs with it: llm's lora_name; llm's
+    errors about it name `model` (errors.classify answers an adapter unloaded meanwhile with 404)."""
+    names["sampling_parameters.lora_name"] = "model"
+    if lora is not None:
+        sp["lora_name"] = lora
+
+
 def check_model(served: list[str], name: str) -> str:
     """404 (OpenAI's model_not_found) unless `name` is one of the served model names."""
     from paddle_llm_openai.errors import OpenAIError

@@ -119,10 +119,33 @@ class DetokenizeRequest(BaseModel):
 
 
 class ModelCard(BaseModel):
+    """GET /v1/models entry. A LoRA adapter's (lora.py) has vLLM's `root` (its folder as given) and
+    `parent` (the base model's name); a base model's leave them null."""
+
     id: str
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "paddle-llm"
+    root: Optional[str] = None
+    parent: Optional[str] = None
+
+
+class LoadLoraAdapterRequest(BaseModel):
+    """vLLM's POST /v1/load_lora_adapter body (lora.py); missing names are answered with vLLM's 400."""
+
+    model_config = ConfigDict(extra="forbid")
+    lora_name: Optional[str] = None
+    lora_path: Optional[str] = None
+    load_inplace: Optional[bool] = False
+
+
+class UnloadLoraAdapterRequest(BaseModel):
+    """vLLM's POST /v1/unload_lora_adapter body; lora_int_id (vLLM's engine id) is accepted and
+    ignored: adapters are unloaded by name."""
+
+    model_config = ConfigDict(extra="forbid")
+    lora_name: Optional[str] = None
+    lora_int_id: Optional[int] = None
 
 
 class ModelList(BaseModel):

@@ -19,8 +19,8 @@ from paddle_llm_openai.protocol import DetokenizeRequest, TokenizeRequest
 def tokenize(fe, req: TokenizeRequest) -> dict:
     from paddle_llm_openai.chat_template import ChatTemplateError
 
-    if req.model is not None:
-        params.check_model(fe.served_names, req.model)
+    if req.model is not None:  # a LoRA adapter shares the base model's tokenizer
+        params.check_model(fe.served_names + fe.lora.cached_names(), req.model)
     if (req.prompt is None) == (req.messages is None):
         raise bad_param("prompt", "send either `prompt` or `messages`")
     renderer = fe.renderer
@@ -40,7 +40,7 @@ def tokenize(fe, req: TokenizeRequest) -> dict:
 
 def detokenize(fe, req: DetokenizeRequest) -> dict:
     if req.model is not None:
-        params.check_model(fe.served_names, req.model)
+        params.check_model(fe.served_names + fe.lora.cached_names(), req.model)
     tok = fe.renderer.tokenizer
     size = len(tok)
     bad = [t for t in req.tokens if not 0 <= t < size]

@@ -31,6 +31,8 @@ from tritonclient.utils import InferenceServerException
 
 
 _U32 = struct.Struct("<I")
+# a load waits for every llm instance (each answers within 10 s, llm/lora_admin.py FANOUT_TIMEOUT_S)
+ADMIN_TIMEOUT_S = 60.0
 
 
 class TritonError(Exception):
@@ -157,6 +159,43 @@ class TritonLLM:
             done.set()
             if not finished:
                 call.cancel()  # the client went away or the request failed: Triton cancels the request
+
+
+    async def admin(self, payload: dict, timeout: float = ADMIN_TIMEOUT_S) -> dict:
+        """One `lora_admin` request (llm's runtime LoRA list / load / unload, paddle_llm_triton/llm/
+        lora_admin.py): its JSON result. TritonError with llm's message ("<field>: <reason>") when it
+        refuses, or with the transport's when the call fails."""
+        inputs = [_tensor("lora_admin", json.dumps(payload).encode("utf-8"), "BYTES")]
+        done = asyncio.Event()
+
+        async def requests():
+            yield {"model_name": self.model, "inputs": inputs}
+            await done.wait()
+
+        call = self.client.stream_infer(requests())
+        answered = []
+
+        async def first():
+            async for result, error in call:
+                answered.append(True)
+                if error is not None:
+                    raise TritonError(error.message() if isinstance(error, InferenceServerException) else str(error))
+                text = result.as_numpy("text_output")
+                return json.loads(text.reshape(-1)[0]) if text is not None and text.size else {}
+            raise TritonError(f"the gRPC stream of {self.model} ended without a response")
+
+        try:
+            return await asyncio.wait_for(first(), timeout)
+        except asyncio.TimeoutError:
+            raise TritonError(f"lora_admin: no answer from {self.model} within {timeout:g} s") from None
+        except grpc.aio.AioRpcError as e:
+            raise TritonError(f"StatusCode.{e.code().name}: {e.details()}") from None
+        except InferenceServerException as e:
+            raise TritonError(f"{e.status() or ''} {e.message()}".strip()) from None
+        finally:
+            done.set()
+            if not answered:
+                call.cancel()
 
 
 def _piece(result) -> Piece:

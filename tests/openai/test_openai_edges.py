@@ -198,3 +198,18 @@ def test_the_frontend_serves_within_seconds_of_its_triton_coming_back(smollm2_di
         fe.stop(10)
         if server is not None:
             server.stop()
+
+
+def test_without_runtime_lora_updating_vllms_lora_routes_do_not_exist(openai_server):
+    """The shipped config (enable_lora 0): /v1/load_lora_adapter and /v1/unload_lora_adapter answer
+    404 "Not Found" whatever the body, as an unknown route does (vLLM registers them only with
+    VLLM_ALLOW_RUNTIME_LORA_UPDATING); the model list holds the served names only."""
+    base = openai_server.base
+    unknown = requests.post(f"{base}/v1/no_such_route", json={}, timeout=10)
+    for path, body in (("/v1/load_lora_adapter", {"lora_name": "x", "lora_path": "/tmp"}),
+                       ("/v1/load_lora_adapter", {"bad": 1}), ("/v1/unload_lora_adapter", {"lora_name": "x"})):
+        r = _post(base, path, body)
+        assert (r.status_code, r.json()) == (404, unknown.json()), r.text
+    models = requests.get(f"{base}/v1/models", timeout=10).json()["data"]
+    assert sorted(m["id"] for m in models) == sorted({openai_server.model, "llm"})
+    assert all(m["parent"] is None for m in models)

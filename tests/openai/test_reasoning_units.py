@@ -17,6 +17,7 @@ from thinking_checkpoints import make_thinking_checkpoint
 from paddle_llm_openai import chat
 from paddle_llm_openai.chat_template import ChatRenderer
 from paddle_llm_openai.errors import OpenAIError
+from paddle_llm_openai.lora import LoraAdapters
 from paddle_llm_openai.protocol import ChatCompletionRequest
 from paddle_llm_openai.triton_client import Piece
 
@@ -46,6 +47,8 @@ class FakeFrontend:
         self.renderer = ChatRenderer(model_dir)
         self.llm = FakeLLM(pieces)
         self.reasoning_parser = reasoning_parser
+        self.llm_config = {}  # the llm's config.pbtxt parameters: no LoRA
+        self.lora = LoraAdapters(self)
 
 
 @pytest.fixture(scope="module")

@@ -90,3 +90,22 @@ def test_start_server_puts_the_flags_on_the_command_and_the_key_on_the_handle(mo
     assert handle.admin_headers == {admin_api.ADMIN_HEADER: key}
     flags = [a for a in seen["cmd"] if a.startswith("--http-restricted-api=") or a.startswith("--grpc-restricted")]
     assert len(flags) == 2 and all(f.endswith(f":paddle-llm-admin-key={key}") for f in flags)
+
+
+def test_the_lora_admin_key_is_the_operators_or_one_per_launcher_process_shared_by_server_and_frontend():
+    from paddle_llm_launcher.environment import server_env
+
+    mine = admin_api.lora_admin_key({})
+    assert len(mine) >= 40 and admin_api.lora_admin_key({}) == mine  # made once per process
+    assert admin_api.lora_admin_key({admin_api.LORA_KEY_ENV: "o" * 20}) == "o" * 20
+    with pytest.raises(ValueError, match="PADDLE_LLM_LORA_ADMIN_KEY"):
+        admin_api.lora_admin_key({admin_api.LORA_KEY_ENV: "short"})
+    assert server_env(None, {})[admin_api.LORA_KEY_ENV] == mine
+    assert server_env(None, {admin_api.LORA_KEY_ENV: "p" * 20})[admin_api.LORA_KEY_ENV] == "p" * 20
+    # the llm model and the OpenAI frontend (its cli.py read as text: no fastapi below Python 3.11) read
+    # the variable of the same name
+    from pathlib import Path
+
+    from paddle_llm_triton.config_params import LORA_ADMIN_KEY_ENV as model_name
+    cli = (Path(admin_api.__file__).parents[1] / "paddle_llm_openai" / "cli.py").read_text()
+    assert admin_api.LORA_KEY_ENV == model_name and f'LORA_KEY_ENV = "{model_name}"' in cli

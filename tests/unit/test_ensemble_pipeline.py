@@ -2,7 +2,7 @@
 (pb_standin.py) with stand-in preprocessing / postprocessing models and a fake engine behind a real
 engine channel, on both Triton generations: 2.51 (no response parameters) and a newer one. Batched
 rows ([B, 1]) with batch_index, n sequences with sequence_index, TensorRT-LLM's perf-metric and
-token-count outputs, refused TensorRT-LLM features, the FINAL flag on exactly the last response,
+token-count outputs, TensorRT-LLM's LoRA inputs carried per row, refused TensorRT-LLM features, the FINAL flag on exactly the last response,
 cancellation and the `stop` signal as aborts on the channel, and an llm instance that dies or is
 not there."""
 
@@ -244,7 +244,6 @@ def test_perf_metrics_and_token_counts_with_tensorrt_llm_types(monkeypatch, clea
 
 
 @pytest.mark.parametrize("name, value", [
-    ("lora_task_id", np.array([[7]], np.uint64)),
     ("return_context_logits", np.array([[True]])),
     ("embedding_bias_words", np.array([[b"x"]], np.object_)),
 ])
@@ -256,6 +255,66 @@ def test_unsupported_tensorrt_llm_features_are_invalid_arg(monkeypatch, cleanup,
     err = sent[-1][0].error()
     assert err.code() == pb.TritonError.INVALID_ARG and name in err.message()
     assert err.message().startswith("in ensemble 'ensemble', ")
+    assert eng.starts == []
+
+
+def test_lora_inputs_travel_per_row_to_the_llm_instance(monkeypatch, cleanup):
+    """TensorRT-LLM's lora_task_id / lora_weights / lora_config of each row reach the engine request
+    as they were sent (the llm instance converts and caches them: llm/lora_tasks.py)."""
+    _, pipe, eng = install(monkeypatch, newer=True)
+    cleanup(pipe)
+    w = np.arange(2 * 2 * 6, dtype=np.float16).reshape(2, 2, 6)
+    c = np.array([[[1, 0, 2], [3, 1, 2]], [[4, 0, 1], [6, 1, 1]]], np.int32)
+    req = pb_standin.Request({"text_input": np.array([[b"ab"], [b"cd"]], np.object_),
+                              "lora_task_id": np.array([[5], [9]], np.uint64), "lora_weights": w, "lora_config": c})
+    assert by_row_and_seq(run(pipe, req)) == {(0, None): "ab#0", (1, None): "cd#0"}
+    by_prompt = {"".join(map(chr, m["prompt_ids"])): m["lora"] for m in eng.starts}
+    for b, prompt in enumerate(("ab", "cd")):
+        lora = by_prompt[prompt]
+        assert lora["task_id"] == (5, 9)[b]
+        got_w = protocol.decode_array(lora["weights"], "lora_weights")
+        assert got_w.dtype == np.float16 and got_w.tobytes() == w[b:b + 1].tobytes() and got_w.shape == (1, 2, 6)
+        assert protocol.decode_array(lora["config"], "lora_config").tolist() == c[b:b + 1].tolist()
+    eng.starts.clear()
+    run(pipe, pb_standin.Request({"text_input": np.array([[b"ab"]], np.object_),
+                                  "lora_task_id": np.array([[5]], np.uint64)}))
+    assert eng.starts[0]["lora"] == {"task_id": 5, "weights": None, "config": None}
+    eng.starts.clear()
+    run(pipe, client_request(["ab"]))
+    assert eng.starts[0]["lora"] is None
+
+
+def test_a_lora_task_goes_to_the_instance_that_cached_it(monkeypatch, cleanup):
+    """With two llm instances, requests of a LoRA task follow the instance that served it last (its
+    cache holds the task's weights); requests without a task still alternate."""
+    _, pipe, first = install(monkeypatch, newer=True)
+    cleanup(pipe)
+    second = FakeEngine()
+    other = ChannelServer("llm", "llm_0_1", second, pid=pipe.channel._pid)
+    try:
+        pipe.channel.instances(rescan=True)
+        task = {"lora_task_id": np.array([[5]], np.uint64)}
+        for _ in range(4):
+            run(pipe, pb_standin.Request({"text_input": np.array([[b"ab"]], np.object_), **task}))
+        before = (len(first.starts), len(second.starts))
+        assert sorted(before) == [0, 4]
+        for _ in range(4):
+            run(pipe, client_request(["ab"]))
+        assert (len(first.starts) - before[0], len(second.starts) - before[1]) == (2, 2)
+    finally:
+        other.close()
+
+
+def test_lora_weights_without_a_task_id_are_invalid_arg(monkeypatch, cleanup):
+    pb, pipe, eng = install(monkeypatch, newer=True)
+    cleanup(pipe)
+    req = pb_standin.Request({"text_input": np.array([[b"hi"]], np.object_),
+                              "lora_weights": np.ones((1, 1, 4), np.float16),
+                              "lora_config": np.array([[[1, 0, 1]]], np.int32)})
+    err = run(pipe, req)[-1][0].error()
+    assert err.code() == pb.TritonError.INVALID_ARG
+    assert err.message() == ("in ensemble 'ensemble', lora_task_id: must be set for LoRA inference (with "
+                             "lora_weights / lora_config)")
     assert eng.starts == []
 
 

@@ -23,7 +23,8 @@ def test_generate_request_is_plain_json():
                                     logprobs=True, perf=False, client_request_id="c1")
     assert _round_trip(msg) == {"type": "generate", "client_request_id": "c1", "prompt_ids": [5, 6, 7],
                                 "sampling_parameters": '{"max_tokens": 3}', "n": 2, "stream": True,
-                                "prompt_text": None, "logprobs": True, "perf": False, "timeout_s": None}
+                                "prompt_text": None, "logprobs": True, "perf": False, "timeout_s": None,
+                                "lora": None}
 
 
 def test_output_frame_zeros_logprobs_unless_asked_and_names_the_reason_on_the_last():

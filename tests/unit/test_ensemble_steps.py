@@ -129,3 +129,49 @@ def test_a_dead_engine_is_refused_as_unavailable(served):
     with pytest.raises(RefusedRequest) as e:
         handler.start({"type": "generate", "prompt_ids": [5, 6]}, Collector())
     assert e.value.channel_code == "unavailable" and "llm instance llm_0_0 is not serving" in str(e.value)
+
+
+def test_trtllm_lora_task_runs_with_the_weights_it_was_sent(tiny_model_dir, tmp_path):
+    """TensorRT-LLM's lora_task_id + lora_weights + lora_config on the llm side (llm/lora_tasks.py):
+    the greedy tokens are those of the engine on the base checkpoint with the same FP16 adapter
+    merged in (tests/support/trtllm_lora_tensors.py: tensors built by hand from TensorRT-LLM's
+    layout); a second request by task id alone gives them again; an unknown id is refused with
+    TensorRT-LLM's message and the instance keeps serving; with LoRA off the input is named."""
+    from lora_adapters import make_adapter, merge_adapter
+    from paddle_llm_triton.engine_channel import protocol
+    from paddle_llm_triton.llm.lora_tasks import LoraTasks
+    from trtllm_lora_tensors import fp16_adapter, hand_tensors
+
+    ad = make_adapter(tiny_model_dir, tmp_path / "ad", seed=11, r=4, alpha=8.0, magnitude=3.0)
+    w, c = hand_tensors(ad)
+    ids, n = prompt(9, 3), 8
+    merged = merge_adapter(tiny_model_dir, fp16_adapter(ad, tmp_path / "ad16"), tmp_path / "merged")
+    ref = run(make_engine(str(merged)), {"a": (ids, greedy(n))})["a"]["tokens"]
+    base = run(make_engine(tiny_model_dir), {"a": (ids, greedy(n))})["a"]["tokens"]
+    assert ref != base  # the adapter changes the output
+    eng = make_engine(tiny_model_dir, enable_lora=1, max_lora_rank=8)
+    loop = EngineLoop(eng)
+    tasks = LoraTasks(eng, 1 << 30, root=str(tmp_path))
+    handler = EnsembleStepHandler(loop, lambda out: None, 0, eng.config.max_model_len, "llm_0_0", lora_tasks=tasks)
+    sp = {"temperature": 0, "ignore_eos": True, "max_tokens": n}
+    try:
+        lora = {"task_id": 42, "weights": protocol.encode_array(w), "config": protocol.encode_array(c)}
+        assert generate(handler, ids, sp, lora=lora).frames[-1]["ids"] == ref
+        assert generate(handler, ids, sp, lora={"task_id": 42}).frames[-1]["ids"] == ref
+        assert generate(handler, ids, sp).frames[-1]["ids"] == base
+        unknown = generate(handler, ids, sp, lora={"task_id": 43}).frames
+        assert unknown == [{"type": "error", "code": "invalid_arg", "message":
+                            "lora_task_id: LoRA task 43 not found in cache. Please send LoRA weights with request"}]
+        assert generate(handler, ids, sp, lora={"task_id": 42}).frames[-1]["ids"] == ref
+        assert [a.name for a in eng.list_loras()] == ["trtllm-task-42"]
+        assert tasks._tasks[42].users == 0  # every request released its task
+    finally:
+        loop.shutdown(5)
+        tasks.close()
+    off = EnsembleStepHandler(EngineLoop(make_engine(tiny_model_dir)), lambda out: None, 0, 256, "llm_0_1")
+    try:
+        frames = generate(off, ids, sp, lora={"task_id": 42}).frames
+        assert frames[0]["code"] == "invalid_arg" and frames[0]["message"].startswith("lora_task_id: this model "
+                                                                                      "serves no LoRA adapters")
+    finally:
+        off.loop.shutdown(5)

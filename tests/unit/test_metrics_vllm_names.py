@@ -309,3 +309,44 @@ def test_spec_decode_counters_under_both_names(make):
         assert metric("llm_spec_decode_num_accepted_tokens_per_pos_total", position=str(pos)).value == want
         v = metric("vllm:spec_decode_num_accepted_tokens_per_pos_total", position=str(pos))
         assert v.value == want and v.labels["model_name"] == "llm"
+
+
+def _lora_stats(running=(), waiting=(), max_loras=2):
+    return EngineStats(running=len(running), waiting=len(waiting), kv_used_blocks=0, kv_free_blocks=364,
+                       prefix_cache_hit_ratio=0.0, num_preemptions_total=0, max_loras=max_loras,
+                       lora_running=tuple(running), lora_waiting=tuple(waiting))
+
+
+def test_lora_requests_info_has_vllms_labels_the_time_as_value_and_one_series(make):
+    """vllm:lora_requests_info (LoRA on): labels running_lora_adapters / waiting_lora_adapters (names
+    joined by ",") and max_lora, value the wall-clock time of the update; the same labels again within
+    a second are not written again; new labels replace the series."""
+    import time
+
+    m = make()
+    t0 = time.time()
+    m.on_state(_lora_stats(running=("sql",)))
+    m.flush()
+    fam = families("vllm:lora_requests_info")["vllm:lora_requests_info"]
+    assert fam.kind == "gauge" and len(fam.metrics) == 1
+    first = fam.metrics[0]
+    assert first.labels == {**VLLM_LABELS, "max_lora": "2", "running_lora_adapters": "sql", "waiting_lora_adapters": ""}
+    assert t0 <= first.value <= time.time()
+    writes = first.writes
+    m.on_state(_lora_stats(running=("sql",)))
+    m.flush()
+    assert first.writes == writes, "unchanged labels within LORA_INFO_REFRESH_S are not written again"
+    m.on_state(_lora_stats(running=("chat", "sql"), waiting=("fin",)))
+    m.flush()
+    latest = fam.metrics[-1]
+    assert latest.labels["running_lora_adapters"] == "chat,sql" and latest.labels["waiting_lora_adapters"] == "fin"
+    assert m.fans._lora_metric is latest and first.writes == writes and latest.value >= first.value
+    assert _Family.threads == {"llm-metrics"}
+
+
+@pytest.mark.parametrize("names, max_loras", [(("llm", "vllm"), 0), (("llm",), 2)])
+def test_no_lora_gauge_without_lora_or_without_vllms_names(make, names, max_loras):
+    m = make(names=names)
+    m.on_state(_lora_stats(max_loras=max_loras))
+    m.flush()
+    assert "vllm:lora_requests_info" not in families("vllm:")

@@ -134,6 +134,12 @@ class LoraWeights:
         return LoraBatch(self, row_slots)
 
 
+# Rows are sliced in runs (one run: consecutive rows of one adapter) while the runs are few and
+# long, as a step's prompt chunks are; else gathered per adapter (decode rows, one per sequence).
+MAX_RUNS = 64
+MIN_MEAN_RUN = 8
+
+
 class LoraBatch:
     """One step's rows grouped by adapter; apply(layer, linear, x, y) adds the deltas of the rows
     whose adapter adapts that linear (ops.lora_apply)."""
@@ -144,54 +150,50 @@ class LoraBatch:
         self.num_rows = len(row_slots)
         used = sorted(int(s) for s in np.unique(row_slots) if s >= 0)
         self.rows = {s: np.flatnonzero(row_slots == s).astype(np.int64) for s in used}
-        # every adapter's rows one contiguous range (prompt chunks): sliced, not gathered
-        self.ranges = {s: (int(r[0]), int(r[-1]) + 1) for s, r in self.rows.items()}
-        self.contiguous = all(b - a == len(self.rows[s]) for s, (a, b) in self.ranges.items())
+        edges = np.flatnonzero(np.diff(row_slots)) + 1
+        starts, stops = np.concatenate([[0], edges]), np.concatenate([edges, [self.num_rows]])
+        self.runs = [(int(a), int(b), int(row_slots[a])) for a, b in zip(starts, stops) if row_slots[a] >= 0]
+        self.sliced = len(self.runs) <= MAX_RUNS and sum(b - a for a, b, _ in self.runs) >= MIN_MEAN_RUN * len(self.runs)
         self._rows_t: dict[int, paddle.Tensor] = {}
         self._gathers: dict[tuple[int, ...], paddle.Tensor | None] = {}
         self._stack_rows = None
 
     def stack_inputs(self) -> tuple | None:
-        """(rows [T] int64 slots, LoraTable: a = A^T [r, in], b = B [r, out]) for the CPU decode stack, or None when the worker keeps no
-        stack table (the model has no decode stack)."""
+        """(rows [T] int64 slots, LoraTable: a = A^T [r, in], b = B [r, out]) for the CPU decode
+        stack, or None when the worker keeps no stack table (the model has no decode stack)."""
         if self.weights.stack_table is None:
             return None
         if self._stack_rows is None:
             self._stack_rows = from_numpy(self.row_slots.astype(np.int64))
         return self._stack_rows, self.weights.stack_table
 
-    def _rows_tensor(self, slot: int):
-        if len(self.rows[slot]) == self.num_rows:
-            return None
-        if self.contiguous:
-            return self.ranges[slot]
-        if slot not in self._rows_t:
-            self._rows_t[slot] = from_numpy(self.rows[slot])
-        return self._rows_t[slot]
-
-    def _gather(self, slots: tuple[int, ...]) -> paddle.Tensor | None:
+    def _gather(self, slots: tuple[int, ...]) -> paddle.Tensor:
         if slots not in self._gathers:
-            if self.contiguous:
-                self._gathers[slots] = None
-            else:
-                total = sum(len(self.rows[s]) for s in slots)
-                g = np.full(self.num_rows, total, np.int64)  # the zero row
-                off = 0
-                for s in slots:
-                    g[self.rows[s]] = np.arange(off, off + len(self.rows[s]))
-                    off += len(self.rows[s])
-                self._gathers[slots] = from_numpy(g)
+            total = sum(len(self.rows[s]) for s in slots)
+            g = np.full(self.num_rows, total, np.int64)  # the zero row
+            off = 0
+            for s in slots:
+                g[self.rows[s]] = np.arange(off, off + len(self.rows[s]))
+                off += len(self.rows[s])
+            self._gathers[slots] = from_numpy(g)
         return self._gathers[slots]
 
     def apply(self, ops, layer: int, linear: str, x: paddle.Tensor, y: paddle.Tensor) -> paddle.Tensor:
         """y [T, out] plus the LoRA deltas of (layer, linear) for the rows of each adapter that has
         one (x [T, in]: the linear's input)."""
-        groups, slots = [], []
+        slots = self.weights.slots
+        if len(self.rows) == 1 and len(next(iter(self.rows.values()))) == self.num_rows:  # one adapter, every row
+            w = slots[next(iter(self.rows))].get((layer, linear))
+            return y if w is None else ops.lora_apply(y, x, [(None, *w)], None)
+        if self.sliced:
+            groups = [((a, b), *slots[s][(layer, linear)]) for a, b, s in self.runs if (layer, linear) in slots[s]]
+            return ops.lora_apply(y, x, groups, None) if groups else y
+        groups, used = [], []
         for s in self.rows:
-            w = self.weights.slots[s].get((layer, linear))
+            w = slots[s].get((layer, linear))
             if w is not None:
-                slots.append(s)
-                groups.append((self._rows_tensor(s), *w))
-        if not groups:
-            return y
-        return ops.lora_apply(y, x, groups, self._gather(tuple(slots)))
+                used.append(s)
+                if s not in self._rows_t:
+                    self._rows_t[s] = from_numpy(self.rows[s])
+                groups.append((self._rows_t[s], *w))
+        return ops.lora_apply(y, x, groups, self._gather(tuple(used))) if groups else y

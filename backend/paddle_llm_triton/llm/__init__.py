@@ -5,6 +5,7 @@
 - vllm_request.py: a direct request in Triton's vLLM-backend contract (inputs -> prompt ids,
   SamplingParams, ResponseOptions) and its responses;
 - ensemble_steps.py: the ensemble's engine requests, arriving on the engine channel (no pb_utils);
+- lora_tasks.py: TensorRT-LLM's LoRA task ids of those requests, cached by task id as adapters;
 - responder.py: the thread that turns engine outputs into Triton responses and sees cancellation;
 - delta_buffer.py: when a sequence's output is worth a response (both request kinds);
 - stop_requests.py: TensorRT-LLM `stop` by Triton request id, across instances over the control bus.

@@ -39,7 +39,7 @@ ADMIN_INPUT = "lora_admin"
 BUS_TYPE = "lora"
 FANOUT_TIMEOUT_S = 10.0
 MAX_NAME_CHARS = 256
-MAX_PATH_CHARS = 4096
+MAX_PATH_BYTES = 2048  # a load op (two paths and a name) must fit one control datagram (8 KiB)
 
 
 class LoraAdminError(Exception):
@@ -69,9 +69,11 @@ def under_root(path, root: str) -> str:
     resolves outside root (checked before anything is read there)."""
     if not isinstance(path, str) or not path:
         raise LoraAdminError("lora_path", "Both 'lora_name' and 'lora_path' must be provided.")
-    if len(path) > MAX_PATH_CHARS or "\0" in path:
-        raise LoraAdminError("lora_path", "not a usable path")
+    if len(path.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES or "\0" in path:
+        raise LoraAdminError("lora_path", f"not a usable path (at most {MAX_PATH_BYTES} bytes, no NUL)")
     real = os.path.realpath(os.path.join(root, path))
+    if len(real.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
+        raise LoraAdminError("lora_path", f"not a usable path (at most {MAX_PATH_BYTES} bytes, no NUL)")
     if os.path.commonpath([real, root]) != root:
         raise LoraAdminError("lora_path", f"{path!r} resolves outside lora_root ({root}): runtime-loaded adapters "
                                           f"must lie under it")
@@ -80,11 +82,11 @@ def under_root(path, root: str) -> str:
 
 class LoraAdmin:
     """engine: this instance's LLMEngine; settings: RuntimeLoraSettings (None: loads and unloads
-    refused); bus: its ControlBus (siblings = bus.peers). Register on_bus as the bus handler of
-    BUS_TYPE."""
+    refused); bus: its ControlBus (siblings = bus.peers); timeout_s: how long a sibling may take to
+    answer. Register on_bus as the bus handler of BUS_TYPE."""
 
-    def __init__(self, engine, settings: RuntimeLoraSettings | None, bus):
-        self.engine, self.settings, self.bus = engine, settings, bus
+    def __init__(self, engine, settings: RuntimeLoraSettings | None, bus, timeout_s: float = FANOUT_TIMEOUT_S):
+        self.engine, self.settings, self.bus, self.timeout_s = engine, settings, bus, timeout_s
         self._admin_lock = threading.Lock()  # one admin request of this origin at a time
         self._op_lock = threading.Lock()     # one local change at a time (origin or sibling)
         self._shown: dict[str, str] = {}     # name -> the path as its caller gave it (GET /v1/models root)
@@ -165,7 +167,7 @@ class LoraAdmin:
         if not mine["ok"]:
             raise LoraAdminError(mine["field"], mine["error"])
         targets = [(self.bus.model_name, p) for p in self.bus.peers]
-        replies = ask(self.bus.server_pid, targets, {"type": BUS_TYPE, **op}, FANOUT_TIMEOUT_S) if targets else {}
+        replies = ask(self.bus.server_pid, targets, {"type": BUS_TYPE, **op}, self.timeout_s) if targets else {}
         failed = [(inst, replies.get((model, inst))) for model, inst in targets
                   if not (replies.get((model, inst)) or {}).get("ok")]
         if not failed:
@@ -174,10 +176,10 @@ class LoraAdmin:
         for model, inst in targets:
             r = replies.get((model, inst)) or {}
             if r.get("ok"):
-                ask(self.bus.server_pid, [(model, inst)], {"type": BUS_TYPE, **r["undo"]}, FANOUT_TIMEOUT_S)
+                ask(self.bus.server_pid, [(model, inst)], {"type": BUS_TYPE, **r["undo"]}, self.timeout_s)
         inst, r = failed[0]
         if r is None:
-            raise LoraAdminError(ADMIN_INPUT, f"llm instance {inst} did not answer within {FANOUT_TIMEOUT_S:g} s; "
+            raise LoraAdminError(ADMIN_INPUT, f"llm instance {inst} did not answer within {self.timeout_s:g} s; "
                                               f"nothing was changed", "failed")
         raise LoraAdminError(r.get("field") or ADMIN_INPUT, f"{r.get('error')} (on llm instance {inst}; nothing "
                                                             f"was changed)")
@@ -223,7 +225,8 @@ class LoraAdmin:
             raise
 
     def on_bus(self, msg: dict) -> dict:
-        """A sibling origin's change (or "list"): applied here; the reply names this instance."""
+        """A sibling origin's change (or "list": names and folders, for diagnostics and tests; a list
+        longer than a datagram goes unanswered): applied here; the reply names this instance."""
         me = {"type": BUS_TYPE, "model": self.bus.model_name, "instance": self.bus.instance_name}
         if msg.get("action") == "list":
             return {**me, "ok": True, "adapters": [(a["name"], a["path"]) for a in self.adapters()]}

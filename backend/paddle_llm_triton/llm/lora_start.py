@@ -54,8 +54,7 @@ def read_multi_lora(path: Path) -> list[tuple[str, str]]:
     for name, p in obj.items():
         if not isinstance(p, str) or not name.strip() or not p.strip():
             raise ValueError(f"{path}: entry {name!r}: {p!r} must map a non-empty name to a non-empty path")
-        folder = Path(p.strip())
-        out.append((name.strip(), str(folder if folder.is_absolute() else path.parent / folder)))
+        out.append((name.strip(), os.path.normpath(os.path.join(path.parent, p.strip()))))
     return out
 
 

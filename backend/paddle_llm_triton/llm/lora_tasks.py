@@ -14,8 +14,8 @@ folders removed; when only running tasks are left, a new task is refused as UNAV
 close(), and directories left by instances that died are removed at the next start.
 
 The llmapi contract's lora_id / lora_name / lora_path name a PEFT folder on the server: served only
-when that folder is one the engine loaded at start (lora_modules); a request never makes the
-server read a folder it names.
+when the engine has loaded that folder already (lora_modules at start, or a runtime load); a
+request never makes the server read a folder it names.
 """
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ class LoraTasks:
         log.info("LoRA task %d evicted from the cache (%d bytes)", task_id, t.nbytes)
 
     def _preloaded(self, path: str, source) -> str:
-        """The adapter loaded at start (lora_modules) from folder `path` (llmapi lora_path)."""
+        """The adapter the engine loaded from folder `path` (llmapi lora_path), not one of the tasks."""
         if source not in (None, "", "hf"):
             raise InvalidRequestError("lora_ckpt_source", f"only 'hf' (a PEFT folder) is supported, got {source!r}",
                                       ErrorCode.INVALID_LORA)
@@ -184,7 +184,7 @@ class LoraTasks:
         for a in self.engine.list_loras():
             if not a.name.startswith(NAME_PREFIX) and os.path.normpath(os.path.abspath(a.path)) == wanted:
                 return a.name
-        raise InvalidRequestError("lora_path", f"{path!r} is not the folder of an adapter this server loaded at start "
+        raise InvalidRequestError("lora_path", f"{path!r} is not the folder of an adapter this server has loaded "
                                                f"(the llm parameter lora_modules); a request cannot make the server "
                                                f"read a folder it names", ErrorCode.INVALID_LORA)
 

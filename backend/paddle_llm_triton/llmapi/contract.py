@@ -10,8 +10,8 @@ As the llmapi's SamplingParams: max_tokens 32 when not sent, greedy unless tempe
 top_p is sent, and text_output holds the generated text only.
 LoRA (lora_request): lora_id, lora_name and lora_path together (TensorRT-LLM's rule), lora_ckpt_source
 "hf" (the default; "nemo" is refused); served when lora_path is the folder of an adapter the `llm`
-instance loaded at start (its lora_modules), which the request then runs with; a request never
-makes the server read a folder it names (llm/lora_tasks.py).
+instance has loaded (lora_modules at start, or a runtime load), which the request then runs with; a
+request never makes the server read a folder it names (llm/lora_tasks.py).
 Refused, naming the input: image_url (no multimodal models here), best_of > 1.
 
 Outputs (names and dtypes of its config.pbtxt): text_output [1] BYTES; finish_reason / stop_reason

@@ -19,7 +19,8 @@ Two name sets (config.pbtxt parameter metrics_names, config_params.py; default b
   Prometheus logger, and Triton's vLLM backend), labelled model_name (the Triton model) and engine
   (the Triton instance, so that instances in separate stub processes keep separate series):
   VLLM_NAMES. They are created when the engine's configuration arrives (on_engine_config: the token
-  histograms' 1-2-5 buckets run up to max_model_len).
+  histograms' 1-2-5 buckets run up to max_model_len). With LoRA on (EngineStats.max_loras > 0) also
+  vLLM's vllm:lora_requests_info (LORA_INFO_NAME; MetricSet.set_lora_info).
 Every value is computed once, on the metrics thread, and written to every enabled set through a
 Fan: one source of truth, no second bookkeeping.
 

@@ -9,9 +9,9 @@ instance's description does (add_info).
 
 from __future__ import annotations
 
-from paddle_llm_triton.metrics.names import (FINISH_REASONS, LLM_LATENCY_BUCKETS, LLM_TOKEN_BUCKETS, REJECT_REASONS,
-                                             VLLM_ITL_BUCKETS, VLLM_NAMES, VLLM_REQUEST_LATENCY_BUCKETS,
-                                             VLLM_TTFT_BUCKETS, build_1_2_5_buckets)
+from paddle_llm_triton.metrics.names import (FINISH_REASONS, LLM_LATENCY_BUCKETS, LLM_TOKEN_BUCKETS, LORA_INFO_NAME,
+                                             REJECT_REASONS, VLLM_ITL_BUCKETS, VLLM_NAMES,
+                                             VLLM_REQUEST_LATENCY_BUCKETS, VLLM_TTFT_BUCKETS, build_1_2_5_buckets)
 
 
 class Fan:
@@ -75,6 +75,10 @@ class MetricSet:
         self.timed_out, self.kv_used, self.kv_free, self.prefix_hit, self.healthy, self.restarts = (
             F(), F(), F(), F(), F(), F())
         self.reasoning_tokens = F()
+        # vLLM's vllm:lora_requests_info (LoRA on): one series at a time, replaced when its labels change
+        self._lora_family = None
+        self._lora_metric = None
+        self._lora_labels: dict | None = None
         if "llm" in self.names:
             self._create_llm()
 
@@ -239,6 +243,26 @@ class MetricSet:
         self._info = fam.Metric(labels={**self.labels, **info})
         self._info.set(1)
 
+    def set_lora_info(self, max_lora: int, running: tuple, waiting: tuple, now: float) -> None:
+        """vLLM's gauge vllm:lora_requests_info: labels running_lora_adapters / waiting_lora_adapters (the
+        adapters of running / waiting requests, names joined by ",", as vLLM joins them) and max_lora,
+        value `now` (wall-clock seconds: vLLM sets it to the time of each update, and readers such as
+        the Gateway API inference extension take the series with the latest value). A change of labels
+        replaces the series: the old one is taken off the endpoint, so one series per instance stays."""
+        import triton_python_backend_utils as pb_utils
+
+        if self._lora_family is None:
+            self._lora_family = self._family(LORA_INFO_NAME, "Running stats on lora requests.",
+                                             pb_utils.MetricFamily.GAUGE)
+        labels = {"model_name": self.labels.get("model", ""), "engine": self.labels.get("instance", "0"),
+                  "max_lora": str(max_lora), "running_lora_adapters": ",".join(running),
+                  "waiting_lora_adapters": ",".join(waiting)}
+        if labels != self._lora_labels:
+            self._lora_metric = None  # dropped here, on the metrics thread: Triton deletes the series
+            self._lora_metric = self._lora_family.Metric(labels=labels)
+            self._lora_labels = labels
+        self._lora_metric.set(now)
+
     def _spec_pos_family(self, fam, labels: dict) -> None:
         """Register a per-position family; the positions already known get their metric in it."""
         self._spec_pos_families.append((fam, labels))
@@ -274,5 +298,6 @@ class MetricSet:
         for v in list(vars(self).values()):
             clear(v)
         self._info = None
+        self._lora_metric = None
         self._spec_pos_families = []
         self._families = []  # the families last: a MetricFamily must outlive its Metric objects

@@ -51,6 +51,12 @@ VLLM_NAMES = {
     "vllm:spec_decode_num_accepted_tokens_total": "counter",
     "vllm:spec_decode_num_accepted_tokens_per_pos_total": "counter",
 }
+# vLLM's LoRA gauge, made only when the engine serves LoRA adapters (enable_lora 1): its labels are
+# the adapters of running and waiting requests and max_lora, its value the time of the last update
+LORA_INFO_NAME = "vllm:lora_requests_info"
+# how often the gauge's time is refreshed while its labels stay the same (vLLM: every engine step;
+# each write is an IPC round trip from the stub to the server)
+LORA_INFO_REFRESH_S = 1.0
 
 
 def build_1_2_5_buckets(max_value: int) -> list[int]:

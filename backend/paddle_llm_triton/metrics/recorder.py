@@ -12,7 +12,7 @@ import time
 
 from paddle_llm_engine.outputs import EngineStats, RequestOutput
 from paddle_llm_triton.metrics.families import Fan, MetricSet
-from paddle_llm_triton.metrics.names import NAME_SETS
+from paddle_llm_triton.metrics.names import LORA_INFO_REFRESH_S, NAME_SETS
 
 log = logging.getLogger("paddle_llm_triton.metrics")
 
@@ -44,6 +44,7 @@ class LLMMetrics:
         self._prefix_counts = None  # () -> (queried, hit): the block manager's counters
         self._counts: dict = {}  # counter fan -> increments summed over one pass of the queue
         self._cache_config: dict[str, str] | None = None
+        self._lora_seen: tuple | None = None  # (labels, time.monotonic()) of the last LoRA gauge write
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="llm-metrics", daemon=True)
         self._thread.start()
@@ -182,7 +183,19 @@ class LLMMetrics:
         self._spec_seen = (max(s.spec_num_drafts, seen[0]), max(s.spec_num_draft_tokens, seen[1]),
                            max(s.spec_num_accepted_tokens, seen[2]), tuple(max(a, b) for a, b in zip(per_pos, old)))
 
+    def _lora_state(self, s: EngineStats) -> None:
+        """vllm:lora_requests_info: written when its labels change, else at most every
+        LORA_INFO_REFRESH_S (vLLM writes it every step)."""
+        labels, now = (s.max_loras, tuple(s.lora_running), tuple(s.lora_waiting)), time.monotonic()
+        seen = self._lora_seen
+        if seen is not None and seen[0] == labels and now - seen[1] < LORA_INFO_REFRESH_S:
+            return
+        self._lora_seen = (labels, now)
+        self.fans.set_lora_info(*labels, time.time())
+
     def _state(self, s: EngineStats) -> None:
+        if s.max_loras and "vllm" in self.names:
+            self._lora_state(s)
         self._spec_state(s)
         if s.num_preemptions_total > self._preemptions_seen:
             self.fans.preemptions.increment(s.num_preemptions_total - self._preemptions_seen)

@@ -3,7 +3,8 @@
 Contract: Triton's vLLM backend (text_input, stream, sampling_parameters JSON, the return_* flags;
 parsed and answered by paddle_llm_triton/llm/vllm_request.py) plus TensorRT-LLM's `stop`: a request
 with stop = true aborts the requests in flight under the same Triton request id, on every instance
-(paddle_llm_triton/llm/stop_requests.py). The instance itself (engine, engine loop, responder,
+(paddle_llm_triton/llm/stop_requests.py); and `lora_admin`, the runtime LoRA loads and unloads of
+every instance (paddle_llm_triton/llm/lora_admin.py). The instance itself (engine, engine loop, responder,
 channel, drain, control bus, watchdog, metrics) is a paddle_llm_triton/llm/instance.py LLMInstance;
 execute() only parses and enqueues, and answers what it refuses. The `ensemble` model's requests do
 not come through Triton: they arrive on this instance's engine channel (paddle_llm_triton/engine_channel/,
@@ -20,6 +21,7 @@ import numpy as np
 from paddle_llm_engine import EngineBusyError, EngineDeadError, InvalidRequestError
 from paddle_llm_triton import tensors as T
 from paddle_llm_triton.lifecycle.drain import DrainingError
+from paddle_llm_triton.llm.lora_admin import ADMIN_INPUT
 from paddle_llm_triton.llm.instance import LLMInstance
 
 log = logging.getLogger("llm")
@@ -42,7 +44,10 @@ class TritonPythonModel:
         for request in requests:
             sender = self.llm.senders.track(request.get_response_sender(), "llm")
             try:
-                if T.get_bool(request, "stop"):
+                admin = T.get_str(request, ADMIN_INPUT)
+                if admin is not None:  # a runtime LoRA load / unload / list (llm/lora_admin.py)
+                    self.llm.lora_admin.handle(admin, self._admin_reply_to(sender))
+                elif T.get_bool(request, "stop"):
                     self._stop(request, sender)
                 else:
                     self.llm.submit(request, sender)
@@ -66,6 +71,24 @@ class TritonPythonModel:
         self.llm.metrics.on_rejected(reason)
         sender.send(pb_utils.InferenceResponse(error=E(text, code)),
                     flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    @staticmethod
+    def _admin_reply_to(sender):
+        """reply(result, error) of a lora_admin request, its one response: the result as JSON in
+        text_output, or the error (INVALID_ARG for a bad request, NOT_FOUND for an adapter or folder
+        that is not there, INTERNAL for a refusal or a failed fan-out; "<field>: <reason>" either way)."""
+        E = pb_utils.TritonError
+        codes = {"invalid": E.INVALID_ARG, "not_found": getattr(E, "NOT_FOUND", E.INVALID_ARG)}
+
+        def reply(result, error):
+            if error is None:
+                out = pb_utils.Tensor("text_output", np.array([json.dumps(result).encode()], dtype=np.object_))
+                response = pb_utils.InferenceResponse(output_tensors=[out])
+            else:
+                response = pb_utils.InferenceResponse(error=E(str(error), codes.get(error.kind, E.INTERNAL)))
+            sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+        return reply
 
     def _stop(self, request, sender):
         """TensorRT-LLM `stop`: abort the requests in flight under this request's id; answer at once."""
