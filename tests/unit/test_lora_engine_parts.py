@@ -235,3 +235,22 @@ def test_lora_apply_ranges_equal_the_gathered_form():
         want[s:e] += x[s:e].astype(np.float64) @ a @ b
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     assert got.shape == (T, N)
+
+
+def test_stack_lora_table_refuses_what_the_kernel_cannot_read():
+    import paddle
+
+    from paddle_llm_ops.cpu_kernels.decode_stack import LoraTable
+
+    table = LoraTable(num_layers=2, num_slots=2)
+    a, b = paddle.zeros([4, 8]), paddle.zeros([4, 6])
+    table.set_slot(1, {(0, "q_proj"): (a, b, 0), (1, "down_proj"): (a, b, 0)})
+    assert [(e.r, e.col, e.n) for e in table.entries if e.r] == [(4, 0, 6), (4, 0, 6)]
+    for factors, msg in (({(2, "q_proj"): (a, b, 0)}, "no such projection"),
+                         ({(0, "embed_tokens"): (a, b, 0)}, "no such projection"),
+                         ({(0, "q_proj"): (a, paddle.zeros([3, 6]), 0)}, r"\[r, K\]"),
+                         ({(0, "q_proj"): (a, b, -1)}, ">= 0")):
+        with pytest.raises(ValueError, match=msg):
+            table.set_slot(0, factors)
+    with pytest.raises(ValueError, match="slot 2"):
+        table.set_slot(2, {})

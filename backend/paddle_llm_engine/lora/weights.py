@@ -37,9 +37,12 @@ def _fused_offsets(model, layer: int) -> dict[str, tuple[str, int]]:
     return out
 
 
-def prepare_pairs(model, pairs: list[LoraPair]) -> dict[tuple[int, str], tuple[np.ndarray, np.ndarray]]:
+def prepare_pairs(model, pairs: list[LoraPair], modules: dict | None = None
+                  ) -> dict[tuple[int, str], tuple[np.ndarray, np.ndarray]]:
     """{(layer, fused linear): (A [in, R], B [R, out]) fp32} of one adapter for `model` (its shard
     under tensor parallel; q/k rows permuted as the model permutes them for interleaved rotary).
+    modules: a dict to fill with the per-projection form {(layer, module): (A^T [r, in], B^T [r, n],
+    first output column in the fused linear)} (the CPU decode stack's, which skips the zero blocks).
     Raises ValueError for a module the model's layer does not have as a dense projection."""
     from paddle_llm_ops import interleaved_to_half_order
 
@@ -61,6 +64,8 @@ def prepare_pairs(model, pairs: list[LoraPair]) -> dict[tuple[int, str], tuple[n
             raise ValueError(f"layer {p.layer} has no dense {p.module}")
         linear, col = offsets[p.module]
         parts.setdefault((p.layer, linear), []).append((col, a, b))
+        if modules is not None:
+            modules[(p.layer, p.module)] = (np.ascontiguousarray(a), np.ascontiguousarray(b.T), col)
     out = {}
     for (layer, linear), items in parts.items():
         lin = getattr(model.layers[layer], linear, None) or getattr(model.layers[layer].mlp, linear)
@@ -97,11 +102,12 @@ class LoraWeights:
 
             self.stack_table = LoraTable(len(model.layers), max_loras)
 
-    def _host_copy(self, load: LoraLoad) -> dict:
+    def _host_copy(self, load: LoraLoad) -> tuple[dict, dict | None]:
         if load.adapter.lora_id in self.host:
             self.host.move_to_end(load.adapter.lora_id)
             return self.host[load.adapter.lora_id]
-        prepared = prepare_pairs(self.model, load.adapter.load_pairs())
+        modules = {} if self.stack_table is not None else None
+        prepared = (prepare_pairs(self.model, load.adapter.load_pairs(), modules), modules)
         self.num_reads += 1
         self.host[load.adapter.lora_id] = prepared
         while len(self.host) > self.max_cpu_loras:
@@ -111,7 +117,7 @@ class LoraWeights:
     def load(self, load: LoraLoad) -> None:
         """Put adapter load.lora_id in device slot load.slot (from the host copy, read first if
         needed)."""
-        prepared = self._host_copy(load)
+        prepared, modules = self._host_copy(load)
 
         def dev(a: np.ndarray) -> paddle.Tensor:
             t = from_numpy(np.ascontiguousarray(a))
@@ -123,8 +129,7 @@ class LoraWeights:
         self.slots[load.slot] = {k: (dev(a), dev(b)) for k, (a, b) in prepared.items()}
         self.slot_ids[load.slot] = load.adapter.lora_id
         if self.stack_table is not None:
-            self.stack_table.set_slot(load.slot, {k: (dev(a.T), self.slots[load.slot][k][1])
-                                                  for k, (a, b) in prepared.items()})
+            self.stack_table.set_slot(load.slot, {k: (dev(a), dev(b), col) for k, (a, b, col) in modules.items()})
 
     def batch(self, row_slots: np.ndarray) -> "LoraBatch | None":
         """The LoraBatch of a step whose token rows use slots row_slots [T] int (-1: no adapter);
@@ -159,8 +164,8 @@ class LoraBatch:
         self._stack_rows = None
 
     def stack_inputs(self) -> tuple | None:
-        """(rows [T] int64 slots, LoraTable: a = A^T [r, in], b = B [r, out]) for the CPU decode
-        stack, or None when the worker keeps no stack table (the model has no decode stack)."""
+        """(rows [T] int64 slots, LoraTable of the per-projection factors) for the CPU decode stack,
+        or None when the worker keeps no stack table (the model has no decode stack)."""
         if self.weights.stack_table is None:
             return None
         if self._stack_rows is None:

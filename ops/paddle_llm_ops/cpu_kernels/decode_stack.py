@@ -58,46 +58,52 @@ class _Args(ctypes.Structure):
 
 
 class _Lora(ctypes.Structure):
-    _fields_ = [("a", ctypes.c_void_p), ("b", ctypes.c_void_p), ("r", ctypes.c_int64)]
+    _fields_ = [("a", ctypes.c_void_p), ("b", ctypes.c_void_p), ("r", ctypes.c_int64), ("col", ctypes.c_int64),
+                ("n", ctypes.c_int64)]
 
 
-# The linears of a layer in the LoRA table's order (csrc/kernels.h PlkDecodeStack.lora).
-LORA_LINEARS = ("qkv", "o", "gate_up", "down")
+# The projections of a layer in the LoRA table's order (csrc/kernels.h PlkDecodeStack.lora): q, k, v
+# add into qkv's output, o into o's, gate and up into gate_up's, down into down's.
+LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 class LoraTable:
-    """LoRA factors the stack adds to its linears: for each layer, linear (LORA_LINEARS) and
-    adapter slot, a [r, K] and b [r, N] fp32 (scale folded into b), or nothing.
+    """LoRA factors the stack adds to its linears: for each layer, projection (LORA_MODULES) and
+    adapter slot, a [r, K] and b [r, n] fp32 (the scale folded into b) adding into output columns
+    col .. col + n of the projection's fused linear, or nothing.
 
-    set_slot(slot, {(layer, linear name): (a, b)}) replaces a slot's factors (the table keeps the
+    set_slot(slot, {(layer, module): (a, b, col)}) replaces a slot's factors (the table keeps the
     tensors alive)."""
 
     def __init__(self, num_layers: int, num_slots: int):
         self.num_layers = num_layers
         self.num_slots = num_slots
-        self.entries = (_Lora * (num_layers * len(LORA_LINEARS) * num_slots))()
+        self.entries = (_Lora * (num_layers * len(LORA_MODULES) * num_slots))()
         self._keep: dict[int, list] = {}
 
     def set_slot(self, slot: int, factors: dict) -> None:
-        """Raises ValueError for a slot, layer or linear out of range, or a factor that is not a
+        """Raises ValueError for a slot, layer or module out of range, or a factor that is not a
         contiguous CPU fp32 tensor of matching rank."""
         if not 0 <= slot < self.num_slots:
             raise ValueError(f"LoRA slot {slot} outside [0, {self.num_slots})")
+        m = len(LORA_MODULES)
         for layer in range(self.num_layers):
-            for j in range(len(LORA_LINEARS)):
-                self.entries[(layer * len(LORA_LINEARS) + j) * self.num_slots + slot] = _Lora(None, None, 0)
+            for j in range(m):
+                self.entries[(layer * m + j) * self.num_slots + slot] = _Lora(None, None, 0, 0, 0)
         keep = []
-        for (layer, linear), (a, b) in factors.items():
-            if not 0 <= layer < self.num_layers or linear not in LORA_LINEARS:
-                raise ValueError(f"LoRA factors for layer {layer} {linear!r}: no such linear in the stack")
+        for (layer, module), (a, b, col) in factors.items():
+            if not 0 <= layer < self.num_layers or module not in LORA_MODULES:
+                raise ValueError(f"LoRA factors for layer {layer} {module!r}: no such projection in the stack")
             r = a.shape[0]
-            if len(a.shape) != 2 or len(b.shape) != 2 or b.shape[0] != r:
-                raise ValueError(f"LoRA factors of layer {layer} {linear}: a {list(a.shape)} and b {list(b.shape)} "
-                                 f"are not [r, K] and [r, N]")
-            idx = (layer * len(LORA_LINEARS) + LORA_LINEARS.index(linear)) * self.num_slots + slot
-            self.entries[idx] = _Lora(_ptr(a, paddle.float32, "LoRA a"), _ptr(b, paddle.float32, "LoRA b"), r)
+            if len(a.shape) != 2 or len(b.shape) != 2 or b.shape[0] != r or col < 0:
+                raise ValueError(f"LoRA factors of layer {layer} {module}: a {list(a.shape)}, b {list(b.shape)}, "
+                                 f"column {col} are not [r, K], [r, n], >= 0")
+            idx = (layer * m + LORA_MODULES.index(module)) * self.num_slots + slot
+            self.entries[idx] = _Lora(_ptr(a, paddle.float32, "LoRA a"), _ptr(b, paddle.float32, "LoRA b"), r, col,
+                                      b.shape[1])
             keep += [a, b]
         self._keep[slot] = keep
+
 
 # The C++ KvDtype codes (csrc/kv_dtype.h) of the cache dtypes the kernels read and write.
 _KV_DTYPE_CODE = {paddle.float32: 0, paddle.bfloat16: 1, paddle.float16: 2}

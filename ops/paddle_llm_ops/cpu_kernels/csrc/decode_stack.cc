@@ -55,33 +55,39 @@ void run_linear(Isa isa, const PlkLinear& l, const float* x, float* y, int64_t B
   }
 }
 
-// LoRA deltas of one linear (index lin: 0 qkv, 1 o, 2 gate_up, 3 down) of layer `layer`: for each
-// adapter slot, its rows of x [B, K] are gathered, t = x a^T [n, r] (the GEMV streams a once for
-// the n rows), then each row adds t[j] * b[j, :] over its r rows of b [r, N] (contiguous, so the
-// loop over N vectorizes; a GEMV over N outputs of only r inputs each would be mostly overhead).
-void add_lora(Isa isa, const PlkDecodeStack& a, int64_t layer, int64_t lin, const float* x, float* y, int64_t B,
-              int64_t N, int64_t K, std::vector<float>& scratch) {
+// LoRA deltas of projections m0 .. m1 - 1 (0 q, 1 k, 2 v, 3 o, 4 gate, 5 up, 6 down) of layer
+// `layer` into their fused linear's output y [B, N] (input x [B, K]): for each adapter slot, its rows
+// of x are gathered, t = x a^T [n, r] (the GEMV streams a once for the rows), then each row adds
+// t[j] * b[j, :] into its columns col .. col + n (b rows contiguous, so the loop vectorizes; a GEMV
+// over n outputs of only r inputs each would be mostly overhead).
+void add_lora(Isa isa, const PlkDecodeStack& a, int64_t layer, int64_t m0, int64_t m1, const float* x, float* y,
+              int64_t B, int64_t N, int64_t K, std::vector<float>& scratch) {
   if (!a.lora_rows) return;
   std::vector<int64_t> rows;
   for (int64_t s = 0; s < a.lora_slots; ++s) {
-    const PlkLora& f = a.lora[(layer * 4 + lin) * a.lora_slots + s];
-    if (f.r == 0) continue;
     rows.clear();
     for (int64_t b = 0; b < B; ++b)
       if (a.lora_rows[b] == s) rows.push_back(b);
     if (rows.empty()) continue;
     const int64_t n = static_cast<int64_t>(rows.size());
-    scratch.resize(static_cast<size_t>(n * (K + f.r)));
-    float* xg = scratch.data();
-    float* t = xg + n * K;
-    for (int64_t i = 0; i < n; ++i) std::memcpy(xg + i * K, x + rows[i] * K, sizeof(float) * K);
-    gemv_f32(isa, xg, f.a, nullptr, t, n, f.r, K);
-    for (int64_t i = 0; i < n; ++i) {
-      float* __restrict yr = y + rows[i] * N;
-      for (int64_t j = 0; j < f.r; ++j) {
-        const float tj = t[i * f.r + j];
-        const float* __restrict bj = f.b + j * N;
-        for (int64_t c = 0; c < N; ++c) yr[c] += tj * bj[c];
+    bool gathered = false;
+    for (int64_t m = m0; m < m1; ++m) {
+      const PlkLora& f = a.lora[(layer * 7 + m) * a.lora_slots + s];
+      if (f.r == 0) continue;
+      scratch.resize(static_cast<size_t>(n * (K + f.r)));
+      float* xg = scratch.data();
+      float* t = xg + n * K;
+      if (!gathered)
+        for (int64_t i = 0; i < n; ++i) std::memcpy(xg + i * K, x + rows[i] * K, sizeof(float) * K);
+      gathered = true;
+      gemv_f32(isa, xg, f.a, nullptr, t, n, f.r, K);
+      for (int64_t i = 0; i < n; ++i) {
+        float* __restrict yr = y + rows[i] * N + f.col;
+        for (int64_t j = 0; j < f.r; ++j) {
+          const float tj = t[i * f.r + j];
+          const float* __restrict bj = f.b + j * f.n;
+          for (int64_t c = 0; c < f.n; ++c) yr[c] += tj * bj[c];
+        }
       }
     }
   }
@@ -165,11 +171,15 @@ bool check(const PlkDecodeStack& a, Err& e) {
       if (a.lora_rows[b] < -1 || a.lora_rows[b] >= a.lora_slots)
         return e.fail("lora_rows[%lld] = %lld outside [-1, %lld)", (long long)b, (long long)a.lora_rows[b],
                       (long long)a.lora_slots);
-    for (int64_t i = 0; i < a.num_layers * 4 * a.lora_slots; ++i) {
+    const int64_t qkv_n = (a.nh + 2 * a.kvh) * a.d;
+    const int64_t width[7] = {qkv_n, qkv_n, qkv_n, a.H, 2 * a.I, 2 * a.I, a.H};
+    for (int64_t i = 0; i < a.num_layers * 7 * a.lora_slots; ++i) {
       const PlkLora& f = a.lora[i];
-      if (f.r < 0 || f.r > 4096 || (f.r > 0 && (!f.a || !f.b)))
-        return e.fail("LoRA table entry %lld: rank %lld with factors %p / %p", (long long)i, (long long)f.r,
-                      (const void*)f.a, (const void*)f.b);
+      const int64_t w = width[(i / a.lora_slots) % 7];
+      if (f.r < 0 || f.r > 4096 || (f.r > 0 && (!f.a || !f.b || f.col < 0 || f.n < 1 || f.col + f.n > w)))
+        return e.fail("LoRA table entry %lld: rank %lld, columns %lld + %lld of %lld, factors %p / %p", (long long)i,
+                      (long long)f.r, (long long)f.col, (long long)f.n, (long long)w, (const void*)f.a,
+                      (const void*)f.b);
     }
   }
   for (int64_t b = 0; b < a.B; ++b) {
@@ -252,7 +262,7 @@ void decode_stack(const PlkDecodeStack& a) {
     else
       rms_norm(isa, h, nullptr, l.in_norm, eps, normed, nullptr, B, H);
     run_linear(isa, l.qkv, normed, qkv, B, a.act_group, a);
-    add_lora(isa, a, i, 0, normed, qkv, B, qkv_n, H, lora_scratch);
+    add_lora(isa, a, i, 0, 3, normed, qkv, B, qkv_n, H, lora_scratch);
     r.q_norm = l.q_norm;
     r.k_norm = l.k_norm;
     r.k_cache = l.k_cache;
@@ -262,13 +272,13 @@ void decode_stack(const PlkDecodeStack& a) {
     at.v_cache = l.v_cache;
     paged_decode_attention(isa, at);
     run_linear(isa, l.o, attn, proj, B, a.act_group, a);
-    add_lora(isa, a, i, 1, attn, proj, B, H, nh * d, lora_scratch);
+    add_lora(isa, a, i, 3, 4, attn, proj, B, H, nh * d, lora_scratch);
     rms_norm(isa, proj, h, l.post_norm, eps, normed, h, B, H);
     run_linear(isa, l.gate_up, normed, gu, B, a.act_group, a);
-    add_lora(isa, a, i, 2, normed, gu, B, 2 * I, H, lora_scratch);
+    add_lora(isa, a, i, 4, 6, normed, gu, B, 2 * I, H, lora_scratch);
     silu_mul(isa, gu, act, B, I);
     run_linear(isa, l.down, act, proj, B, a.act_group, a);
-    add_lora(isa, a, i, 3, act, proj, B, H, I, lora_scratch);
+    add_lora(isa, a, i, 6, 7, act, proj, B, H, I, lora_scratch);
     have_delta = true;
   }
   rms_norm(isa, proj, h, a.final_norm, eps, a.out, x, B, H);

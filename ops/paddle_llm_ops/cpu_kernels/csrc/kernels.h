@@ -106,12 +106,13 @@ struct PlkLayer {
   void* v_cache;
 };
 
-// One LoRA adapter's factors on one linear (fp32, the adapter's scale folded into b): the linear's
-// rows of that adapter get y += b (a x). r = 0: the adapter leaves this linear alone.
+// One LoRA adapter's factors on one projection (fp32, the adapter's scale folded into b): the rows
+// of that adapter get y[:, col:col + n] += (a x) b over the output of the projection's fused linear
+// (q, k, v in qkv; gate, up in gate_up). r = 0: the adapter leaves this projection alone.
 struct PlkLora {
   const float* a;  // [r, K]
-  const float* b;  // [r, N]
-  int64_t r;
+  const float* b;  // [r, n]
+  int64_t r, col, n;
 };
 
 struct PlkDecodeStack {
@@ -135,7 +136,7 @@ struct PlkDecodeStack {
   int64_t gemv_max_batch;
   int64_t kv_dtype;             // KvDtype of every layer's cache
   // LoRA (null lora_rows: no row has an adapter): each row's adapter slot (-1: none) and the
-  // factors, [num_layers][4: qkv, o, gate_up, down][lora_slots].
+  // factors, [num_layers][7: q, k, v, o, gate, up, down][lora_slots].
   const int64_t* lora_rows;     // [B]
   const PlkLora* lora;
   int64_t lora_slots;
