@@ -58,7 +58,7 @@ def _engine(model, a, b, stack: bool, **kw) -> LLMEngine:
     return e
 
 
-@pytest.mark.parametrize("quantization", ["", "wint8"])
+@pytest.mark.parametrize("quantization", ["", "wint8", "wint4"])
 def test_decode_stack_equals_op_by_op_with_mixed_adapters(folders, quantization):
     model, a, b, _ = folders
     t_stack, l_stack = _run(_engine(model, a, b, True, quantization=quantization), LORAS)
