@@ -37,6 +37,7 @@ GRPC_CASES = [
     ("llm", "bogus_knob", lambda: _llm(sp={"bogus_knob": 1})),
     ("llm", "sampling_parameters.n", lambda: _llm(sp={"n": 65})),  # 1..64 are served
     ("llm", "sampling_parameters", lambda: _llm(raw="{not json")),
+    ("llm", "lora_name", lambda: _llm(sp={"lora_name": "no_such_adapter"})),  # unknown (or LoRA off): named
     ("llm", "stream", lambda: _replace(_llm(), "stream", "INT32", np.array([1], dtype=np.int32), [1])),
     ("ensemble", "text_input", lambda: ensemble_inputs("", max_tokens=4, stream=True)),
     ("ensemble", "max_tokens", lambda: ensemble_inputs("Hello", max_tokens=0, stream=True)),
@@ -55,6 +56,7 @@ HTTP_CASES = [
     ("llm", "text_input", {"text_input": "", "sampling_parameters": json.dumps(_OK_SP)}),
     ("llm", "top_p", {"text_input": "Hello", "sampling_parameters": json.dumps({**_OK_SP, "top_p": 2})}),
     ("llm", "bogus_knob", {"text_input": "Hello", "sampling_parameters": json.dumps({**_OK_SP, "bogus_knob": 1})}),
+    ("llm", "lora_name", {"text_input": "Hello", "sampling_parameters": json.dumps({**_OK_SP, "lora_name": "nope"})}),
     ("llm", "max_tokens", {"text_input": "Hello", "sampling_parameters": json.dumps({"max_tokens": "x"})}),
     ("ensemble", "max_tokens", {"text_input": "Hello", "max_tokens": 0}),
     ("ensemble", "top_p", {"text_input": "Hello", "max_tokens": 4, "top_p": 2.0}),

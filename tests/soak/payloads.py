@@ -2,7 +2,8 @@
 TensorRT-LLM tensor names, every tensor [1, 1]; llm: the vLLM-backend contract, every tensor [1],
 sampling_parameters JSON) or `Payload.http_json()` (Triton's generate extension, plain scalars).
 `make(model, rng, ...)` draws prompt and parameters: greedy or seeded sampling, short max_tokens,
-optionally n = 2 (ensemble num_return_sequences) or guided JSON."""
+optionally n = 2 (ensemble num_return_sequences) or guided JSON; a third of the `llm` requests name
+one of the LoRA adapters the soak's repository serves (LORA_NAMES, set by run_soak)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ PROMPTS = [
     "What does 谢谢 mean?",
     "Write three emojis that describe happiness.",
 ]
+LORA_NAMES: tuple[str, ...] = ()  # adapters `llm` serves (repo.py); the requests' lora_name draws from them
 JSON_PROMPTS = ["Describe a cat as a JSON object.", "Give me a JSON object with keys name and age.",
                 "Reply in JSON: what is the capital of Italy?"]
 
@@ -95,6 +97,8 @@ def make(model: str, rng: random.Random, stream: bool = True, max_tokens: int | 
         sp["guided_decoding"] = {"json_object": True}
     if long:
         sp["ignore_eos"] = True
+    if model == "llm" and LORA_NAMES and rng.random() < 0.34:
+        sp["lora_name"] = rng.choice(LORA_NAMES)
     flags = {"return_finish_reason": True, "return_num_output_tokens": True}
     if not stream:
         flags["exclude_input_in_output"] = True

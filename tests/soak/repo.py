@@ -5,6 +5,9 @@
   older `max_waiting_requests`): the engine refuses parameter names it does not know.
 - `llm_tp2`: a copy of `llm` with tensor_parallel_size 2 on a tiny random Llama (SmolLM2's 9 heads
   admit no TP=2), a small KV pool and one thread per rank, for the TP-worker fault.
+- LoRA: `llm` serves two random adapters of the default model (LORA_NAMES, made once in out_dir by
+  tests/support/lora_adapters.py) with max_loras 1, so that requests of the two adapters and the
+  base share steps and wait for the slot; the TP copy serves none.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ REPO_ROOT = HERE.parents[1]
 
 MODEL_REPO = REPO_ROOT / "model_repository"
 WAITING_KEYS = ("max_num_waiting", "max_waiting_requests")  # new name first
+LORA_NAMES = ("soak_a", "soak_b")
 
 
 @dataclasses.dataclass
@@ -32,6 +36,7 @@ class SoakRepo:
     max_waiting: int
     max_num_seqs: int
     tp_model: str | None
+    loras: tuple[str, ...] = ()
 
 
 def config_value(config: Path, key: str) -> str | None:
@@ -49,9 +54,23 @@ def waiting_key(config: Path) -> str:
     raise RuntimeError(f"{config} declares none of {WAITING_KEYS}: cannot set the flood limit")
 
 
+def make_adapters(out_dir: Path, model_dir: Path) -> dict[str, Path]:
+    """{name: folder} of the soak's LoRA adapters for model_dir (made once in out_dir)."""
+    from lora_adapters import make_adapter  # tests/support
+
+    out = {}
+    for i, name in enumerate(LORA_NAMES):
+        target = Path(out_dir) / "lora" / name
+        if not (target / "adapter_model.safetensors").is_file():
+            make_adapter(model_dir, target, seed=100 + i, r=8, magnitude=3.0)
+        out[name] = target.resolve()
+    return out
+
+
 def prepare(out_dir: Path, tiny_model_dir: Path | None, max_waiting: int = 8, max_num_seqs: int = 16,
-            tp: bool = True) -> SoakRepo:
-    """Copy model_repository into out_dir/model_repository (replacing an old copy) and edit it."""
+            tp: bool = True, loras: dict[str, Path] | None = None) -> SoakRepo:
+    """Copy model_repository into out_dir/model_repository (replacing an old copy) and edit it.
+    loras: {name: folder} of adapters `llm` serves (enable_lora 1, max_loras 1)."""
     dst = Path(out_dir) / "model_repository"
     if dst.exists():
         shutil.rmtree(dst)
@@ -60,6 +79,10 @@ def prepare(out_dir: Path, tiny_model_dir: Path | None, max_waiting: int = 8, ma
     key = waiting_key(llm_cfg)
     set_config_parameter(llm_cfg, key, str(max_waiting))
     set_config_parameter(llm_cfg, "max_num_seqs", str(max_num_seqs))
+    if loras:
+        set_config_parameter(llm_cfg, "enable_lora", "1")
+        set_config_parameter(llm_cfg, "max_loras", "1")
+        set_config_parameter(llm_cfg, "lora_modules", ",".join(f"{n}={p}" for n, p in loras.items()))
     tp_model = None
     if tp:
         if tiny_model_dir is None:
@@ -75,9 +98,10 @@ def prepare(out_dir: Path, tiny_model_dir: Path | None, max_waiting: int = 8, ma
         cfg.write_text(text)
         for k, v in (("model_dir", str(Path(tiny_model_dir).resolve())), ("tensor_parallel_size", "2"),
                      ("num_kv_blocks", "64"), ("block_size", "16"), ("max_model_len", "1024"),
-                     ("max_num_seqs", "4"), ("num_threads", "1"), (key, "16")):
+                     ("max_num_seqs", "4"), ("num_threads", "1"), (key, "16"), ("enable_lora", "0"),
+                     ("lora_modules", "")):
             set_config_parameter(cfg, k, v)
-    return SoakRepo(dst, key, max_waiting, max_num_seqs, tp_model)
+    return SoakRepo(dst, key, max_waiting, max_num_seqs, tp_model, tuple(loras or ()))
 
 
 def make_tiny_model(out_dir: Path, tokenizer_dir: Path) -> Path:

@@ -33,6 +33,7 @@ sys.path.insert(0, str(HERE.parent / "support"))  # a script, not run by pytest:
 import checks as C  # noqa: E402
 import faults as F  # noqa: E402
 import report as R  # noqa: E402
+import payloads  # noqa: E402
 import repo as repo_copy  # noqa: E402
 import rss as rss_fit  # noqa: E402
 from monitor import Monitor, engine_gauges  # noqa: E402
@@ -152,8 +153,10 @@ class Soak:
         a = self.args
         self.out.mkdir(parents=True, exist_ok=True)
         tiny = repo_copy.make_tiny_model(self.out, Path(a.model_dir)) if "tp" in a.fault_kinds else None
+        loras = repo_copy.make_adapters(self.out, Path(a.model_dir))
         self.repo = repo_copy.prepare(self.out, tiny, max_waiting=a.max_waiting, max_num_seqs=a.max_num_seqs,
-                                      tp="tp" in a.fault_kinds)
+                                      tp="tp" in a.fault_kinds, loras=loras)
+        payloads.LORA_NAMES = self.repo.loras
         engines = ["llm"] + ([self.repo.tp_model] if self.repo.tp_model else [])
         probed = ["llm", "ensemble", "tensorrt_llm"] + ([self.repo.tp_model] if self.repo.tp_model else [])
         self.rec.event("note", f"repository copy {self.repo.path} ({self.repo.waiting_key} {a.max_waiting}, "
