@@ -61,6 +61,7 @@ def _is_stop_answer(model: str, result, outputs) -> bool:
 
 def _finish(out: Outcome, payload, resps, problems, complete: bool) -> Outcome:
     out.t_end = time.monotonic()
+    out.lora = payload.params.get("lora_name") if payload.model != "ensemble" else None
     if complete and out.status == "ok":
         out.ref_key = payload.ref_key()
     out.text = "".join(r.text or "" for r in resps)[:2000]

@@ -20,6 +20,7 @@ from validate import check_responses, parse_json
 
 def _finish(out: Outcome, payload, resps, problems, complete: bool) -> Outcome:
     out.t_end = time.monotonic()
+    out.lora = payload.params.get("lora_name") if payload.model != "ensemble" else None
     if complete and out.status == "ok":
         out.ref_key = payload.ref_key()
     out.text = "".join(r.text or "" for r in resps)[:2000]

@@ -36,6 +36,7 @@ class Outcome:
     text: str = ""
     http_status: int | None = None
     ref_key: str | None = None  # greedy requests: the same key must give the same text
+    lora: str | None = None  # the LoRA adapter the request named (llm's lora_name), None: the base model
 
     @property
     def ttft(self) -> float | None:

@@ -84,6 +84,8 @@ def summary(run: dict, rows: list[dict]) -> dict:
         "soak_minutes": round(run["traffic_s"] / 60, 2),
         "requests": len(outs),
         "requests_by_status": {s: sum(o.status == s for o in outs) for s in sorted({o.status for o in outs})},
+        "lora_requests_by_status": {f"{a}:{s}": sum(o.lora == a and o.status == s for o in outs)
+                                    for a, s in sorted({(o.lora, o.status) for o in outs if o.lora})},
         "outcomes_by_kind": dict(sorted(by_kind.items())),
         "crashes": [f"+{rel(i.t_open):.0f}s {i.kind}: {i.what}" for i in run["incidents"] if not i.injected],
         "recoveries": [{"what": i.what, "at_s": rel(i.t_open),
@@ -148,7 +150,8 @@ def write(run: dict, out_dir: Path) -> dict:
                                 "client": o.client, "status": o.status, "kind": kind, "expected": expected,
                                 "t_send": rel(o.t_send), "t_end": rel(o.t_end), "tokens": sum(o.tokens),
                                 "ttft_s": None if o.ttft is None else round(o.ttft, 3), "http_status": o.http_status,
-                                "error": (o.error or "")[:300] or None, "problems": o.problems[:3]}) + "\n")
+                                "error": (o.error or "")[:300] or None, "problems": o.problems[:3],
+                                "lora": o.lora}) + "\n")
     try:
         plot(rows, report["events"], out_dir / "soak.png")
     except Exception as e:  # noqa: BLE001 - the JSON report is what matters
@@ -230,6 +233,7 @@ def print_summary(report: dict) -> None:
     s = report["summary"]
     print("\n==== soak summary ====")
     print(f"minutes of traffic {s['soak_minutes']}, requests {s['requests']}: {s['requests_by_status']}")
+    print(f"of which named a LoRA adapter: {s['lora_requests_by_status']}")
     print("outcomes by kind: " + ", ".join(f"{k} {v}" for k, v in s["outcomes_by_kind"].items()))
     print(f"crashes (no fault injected): {len(s['crashes'])}" + "".join(f"\n  {c}" for c in s["crashes"]))
     for r in s["recoveries"]:
