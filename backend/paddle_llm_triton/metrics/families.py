@@ -248,7 +248,8 @@ class MetricSet:
         adapters of running / waiting requests, names joined by ",", as vLLM joins them) and max_lora,
         value `now` (wall-clock seconds: vLLM sets it to the time of each update, and readers such as
         the Gateway API inference extension take the series with the latest value). A change of labels
-        replaces the series: the old one is taken off the endpoint, so one series per instance stays."""
+        starts another series; the Metric of the old one is dropped, but the Python backend keeps its
+        last value on the endpoint (seen 2026-12-06), as vLLM keeps every label set it has shown."""
         import triton_python_backend_utils as pb_utils
 
         if self._lora_family is None:
