@@ -38,7 +38,6 @@ files are byte-identical.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import json
@@ -55,7 +54,7 @@ sys.path.insert(0, str(HERE.parent / "support"))  # run in another venv, not by 
 
 import lora_adapters as la  # noqa: E402
 import tiny_checkpoints as tc  # noqa: E402
-from make_tiny_references import greedy  # noqa: E402  (this folder: sys.path[0])
+from make_tiny_references import greedy, run_families  # noqa: E402  (this folder: sys.path[0])
 
 # name -> make_adapter arguments (the seed is added per family: FAMILIES seed * 100 + index)
 ADAPTERS: tuple[tuple[str, dict], ...] = (
@@ -200,20 +199,7 @@ def make_fixture(family: str, out_dir: Path) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--family", action="append", choices=sorted(tc.FAMILIES),
-                    help="only these families (repeatable); default all")
-    ap.add_argument("--out-dir", default=str(HERE / "fixtures"))
-    ap.add_argument("--threads", type=int, default=2)
-    args = ap.parse_args()
-    torch.manual_seed(0)
-    torch.set_num_threads(args.threads)
-    torch.use_deterministic_algorithms(True)
-    out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for family in args.family or list(tc.FAMILIES):
-        make_fixture(family, out_dir)
-    return 0
+    return run_families(make_fixture, __doc__)
 
 
 if __name__ == "__main__":

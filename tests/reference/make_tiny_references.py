@@ -158,7 +158,13 @@ def make_fixture(family: str, out_dir: Path) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    return run_families(make_fixture, __doc__)
+
+
+def run_families(make_fixture_fn, doc: str) -> int:
+    """The command line both fixture scripts share: parse --family / --out-dir / --threads, make torch
+    deterministic, call make_fixture_fn(family, out_dir) for each family."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--family", action="append", choices=sorted(tc.FAMILIES),
                     help="only these families (repeatable); default all")
     ap.add_argument("--out-dir", default=str(HERE / "fixtures"))
@@ -170,7 +176,7 @@ def main() -> int:
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for family in args.family or list(tc.FAMILIES):
-        make_fixture(family, out_dir)
+        make_fixture_fn(family, out_dir)
     return 0
 
 
