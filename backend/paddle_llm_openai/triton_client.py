@@ -143,7 +143,7 @@ class TritonLLM:
         try:
             async for result, error in call:
                 if error is not None:
-                    raise TritonError(error.message() if isinstance(error, InferenceServerException) else str(error))
+                    raise _stream_error(error)
                 piece = _piece(result)
                 if piece.finish_reason is not None:
                     finished = True
@@ -151,10 +151,8 @@ class TritonLLM:
                 if finished:
                     return
             raise TritonError(f"the gRPC stream of {self.model} ended without a final response")
-        except grpc.aio.AioRpcError as e:
-            raise TritonError(f"StatusCode.{e.code().name}: {e.details()}") from None
-        except InferenceServerException as e:
-            raise TritonError(f"{e.status() or ''} {e.message()}".strip()) from None
+        except (grpc.aio.AioRpcError, InferenceServerException) as e:
+            raise _transport_error(e) from None
         finally:
             done.set()
             if not finished:
@@ -179,7 +177,7 @@ class TritonLLM:
             async for result, error in call:
                 answered.append(True)
                 if error is not None:
-                    raise TritonError(error.message() if isinstance(error, InferenceServerException) else str(error))
+                    raise _stream_error(error)
                 text = result.as_numpy("text_output")
                 return json.loads(text.reshape(-1)[0]) if text is not None and text.size else {}
             raise TritonError(f"the gRPC stream of {self.model} ended without a response")
@@ -188,14 +186,25 @@ class TritonLLM:
             return await asyncio.wait_for(first(), timeout)
         except asyncio.TimeoutError:
             raise TritonError(f"lora_admin: no answer from {self.model} within {timeout:g} s") from None
-        except grpc.aio.AioRpcError as e:
-            raise TritonError(f"StatusCode.{e.code().name}: {e.details()}") from None
-        except InferenceServerException as e:
-            raise TritonError(f"{e.status() or ''} {e.message()}".strip()) from None
+        except (grpc.aio.AioRpcError, InferenceServerException) as e:
+            raise _transport_error(e) from None
         finally:
             done.set()
             if not answered:
                 call.cancel()
+
+
+def _stream_error(error) -> TritonError:
+    """A stream's error response (Triton's message) as a TritonError."""
+    return TritonError(error.message() if isinstance(error, InferenceServerException) else str(error))
+
+
+def _transport_error(e) -> TritonError:
+    """A failed gRPC call (grpc.aio.AioRpcError or tritonclient's InferenceServerException) as a
+    TritonError naming its status."""
+    if isinstance(e, grpc.aio.AioRpcError):
+        return TritonError(f"StatusCode.{e.code().name}: {e.details()}")
+    return TritonError(f"{e.status() or ''} {e.message()}".strip())
 
 
 def _piece(result) -> Piece:

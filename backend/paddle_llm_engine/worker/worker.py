@@ -180,14 +180,14 @@ class Worker:
 
     # -- one step --------------------------------------------------------------------------------
     @paddle.no_grad()
-    def _forward_lora(self, step: Step, inputs) -> paddle.Tensor:
-        """forward() with the step's LoRA slots loaded and its rows' adapters applied. Raises
+    def _forward_lora(self, step: Step, inputs, rows) -> paddle.Tensor:
+        """forward() with the step's LoRA slots loaded and its rows' adapters applied (rows: the
+        step's row_lora_slots, None when no row has an adapter). Raises
         RuntimeError when the step carries LoRA work and this worker was built without enable_lora."""
         if self.lora is None:
             raise RuntimeError("a step with LoRA adapters reached a worker built without enable_lora")
         for load in step.lora_loads:
             self.lora.load(load)
-        rows = step.row_lora_slots()
         self.model.lora_batch = self.lora.batch(rows) if rows is not None else None
         try:
             return self.model.forward(inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches)
@@ -204,8 +204,9 @@ class Worker:
             copy_blocks(self.kv_caches, list(step.copies), self.block_size, self.plan.kv_gather_dtype,
                         self.ops.kv_layout)
         inputs = pack_step(step, self.block_size, self.ops.attention_metadata)
-        if step.lora_loads or (self.lora is not None and step.row_lora_slots() is not None):
-            hidden = self._forward_lora(step, inputs)
+        rows = step.row_lora_slots() if self.lora is not None else None
+        if step.lora_loads or rows is not None:
+            hidden = self._forward_lora(step, inputs, rows)
         else:
             hidden = self.model.forward(inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches)
         if len(inputs.last_rows) == 0:
