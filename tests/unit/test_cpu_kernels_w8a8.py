@@ -6,7 +6,10 @@ sums identical on every isa and to numpy's int64 sums (integer sums are exact: n
 GEMV bit-identical to numpy's model of the exact path (per row, groups of 64: one scalar fp32
 multiply-add per group in group order) and, for groups of 32 on the vector isas (lanes summed in
 fp32), within 2e-6 of it relative to the largest output; against fp32 activations within the
-activation rounding bound sum_k |q scale| xs / 2 (+ fp32 slack).
+activation rounding bound sum_k |q scale| xs / 2 (+ fp32 slack). The AVX-512 VNNI GEMM (from
+W8A8_GEMM_MIN_ROWS rows; forced to every row count here) bit-identical to the exact path's model,
+across its tails (rows of a 6-row micro-tile and of a 192-row block, a 32-channel panel, a 4-channel
+unit, a partial group) and thread counts.
 """
 
 from __future__ import annotations
@@ -136,6 +139,39 @@ def test_threads_do_not_change_results(isa):
         ys.append(ck.gemv_w8a8(t(x), t(q), t(s), t(bias), isa, 32).numpy())
     ck.set_num_threads(0)
     assert np.array_equal(ys[0], ys[1])
+
+
+@pytest.mark.skipif(not HOST_VNNI, reason="the int8 GEMM is AVX-512 VNNI code; this CPU lacks it")
+@pytest.mark.parametrize("b", [1, 5, 7, 13, 64, 197])
+@pytest.mark.parametrize("n,k", [(1, 5), (31, 67), (33, 576), (100, 1000)])
+@pytest.mark.parametrize("group", [0, 32, 64])
+def test_vnni_gemm_bit_identical_to_the_exact_path(b, n, k, group):
+    _, _, x, q, s, bias = _data(11, b, n, k)
+    g = k if group == 0 or group >= k else group
+    if g % 4:
+        pytest.skip("the GEMM takes groups of a multiple of 4 channels (the tiles serve the rest)")
+    ck.set_w8a8_gemm_min_rows(1)
+    try:
+        got = ck.gemv_w8a8(t(x), t(q), t(s), t(bias), "avx512_vnni", group).numpy()
+        plain = ck.gemv_w8a8(t(x), t(q), t(s), None, "avx512_vnni", group).numpy()
+    finally:
+        ck.set_w8a8_gemm_min_rows(0)
+    assert np.array_equal(got, _model(x, q, s, bias, g))
+    assert np.array_equal(plain, _model(x, q, s, None, g))
+
+
+@pytest.mark.skipif(not HOST_VNNI, reason="the int8 GEMM is AVX-512 VNNI code; this CPU lacks it")
+def test_vnni_gemm_default_rows_and_threads():
+    """At the default threshold a 16-64-row decode batch takes the GEMM: the exact path's result,
+    the same on 1 and 2 threads, and the same as the generic isa's."""
+    _, _, x, q, s, bias = _data(5, ck.W8A8_GEMM_MIN_ROWS + 5, 1536, 576)
+    ys = []
+    for threads in (1, 2):
+        ck.set_num_threads(threads)
+        ys.append(ck.gemv_w8a8(t(x), t(q), t(s), t(bias), "avx512_vnni", 32).numpy())
+    ck.set_num_threads(0)
+    assert np.array_equal(ys[0], ys[1])
+    assert np.array_equal(ys[0], ck.gemv_w8a8(t(x), t(q), t(s), t(bias), "generic", 32).numpy())
 
 
 def test_linear_w8a8_prefill_uses_fp32_activations():

@@ -75,6 +75,9 @@ GEMV_MAX_BATCH = 16
 # paddle.matmul (the temporary lives for one call only; the model keeps the int8 copy alone).
 # Dequantizing costs a full pass over the weight, so our int8 GEMV stays ahead much longer.
 GEMV_INT8_MAX_BATCH = 64
+# From this many activation rows gemv_w8a8 on AVX-512 VNNI runs the int8 GEMM (csrc/gemm_w8a8.cc)
+# instead of the GEMV tiles (kW8A8GemmMinRows in csrc/gemv_w8a8.h: keep the two equal).
+W8A8_GEMM_MIN_ROWS = 16
 # int4: the same rule (the GEMV dequantizes a few rows at a time into L1 for any batch).
 GEMV_INT4_MAX_BATCH = 64
 # The isas on which Int4Linear quantizes activations (gemv_w4a8: int4 x int8 in vpdpbusd) by
@@ -153,6 +156,14 @@ def supported_isas() -> tuple[str, ...]:
     return ISAS if cpu_supports_avx512_vnni() else ("avx2_fma", "generic")
 
 
+def set_w8a8_gemm_min_rows(rows: int) -> None:
+    """Benchmarks and tests: the fewest activation rows for which gemv_w8a8 runs the AVX-512 VNNI GEMM
+    (csrc/gemm_w8a8.cc, bit-identical to the exact path) instead of the GEMV tiles; rows <= 0 restores
+    the default (W8A8_GEMM_MIN_ROWS)."""
+    load()
+    _cdll.plk_set_w8a8_gemm_min_rows(ctypes.c_int64(int(rows)))
+
+
 def set_num_threads(n: int) -> None:
     """Threads the kernels may use (n >= 1); n <= 0 restores the default (CPUs in the affinity mask)."""
     load()
@@ -196,6 +207,6 @@ __all__ = [
     "int8_dot_groups", "library_path", "linear", "linear_int4", "linear_int8", "linear_w4a8", "linear_w8a8",
     "load",
     "paged_decode_attention", "quantize_activations_int8", "quantize_activations_numpy", "quantize_int4_numpy",
-    "quantize_int8", "quantize_int8_numpy", "rms_norm", "rotary_kv_write", "set_num_threads", "supported_isas",
+    "quantize_int8", "quantize_int8_numpy", "rms_norm", "rotary_kv_write", "set_num_threads", "set_w8a8_gemm_min_rows", "supported_isas",
     "swiglu",
 ]

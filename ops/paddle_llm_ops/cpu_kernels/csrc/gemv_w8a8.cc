@@ -51,20 +51,30 @@ W8A8Ctx make_ctx(Isa isa, const int8_t* xq_in, const float* x, const int8_t* q, 
   c.groups = (K + G - 1) / G;
   c.Kp = (K + kPad - 1) / kPad * kPad + kPad;
   c.q = q;
-  buf.xq.assign(B * c.Kp, 0);
-  if (x) {
+  if (x && isa == Isa::kAvx512Vnni) {  // vectorized and threaded: xq, xu and xs in one pass
+    buf.xq.resize(B * c.Kp);
+    buf.xu.resize(B * c.Kp);
+    buf.xs.resize(B * c.groups);
+    quantize_activations_vnni(x, buf.xq.data(), buf.xu.data(), buf.xs.data(), B, K, c.Kp, G);
+    c.xu = buf.xu.data();
+    c.xs = buf.xs.data();
+  } else if (x) {
+    buf.xq.assign(B * c.Kp, 0);
     buf.xs.resize(B * c.groups);
     quantize_activations_int8(x, buf.xq.data(), buf.xs.data(), B, K, c.Kp, G);
     c.xs = buf.xs.data();
   } else {
+    buf.xq.assign(B * c.Kp, 0);
     for (int64_t b = 0; b < B; ++b) std::memcpy(buf.xq.data() + b * c.Kp, xq_in + b * K, K);
   }
   c.xq = buf.xq.data();
   if (isa == Isa::kAvx512Vnni) {
-    buf.xu.resize(B * c.Kp);
-    for (int64_t i = 0; i < B * c.Kp; ++i) buf.xu[i] = static_cast<uint8_t>(static_cast<int32_t>(buf.xq[i]) + 128);
-    c.xu = buf.xu.data();
-    if (x && G == 32) {  // one scale per dpbusd lane (4 k), zero past K
+    if (c.xu == nullptr) {
+      buf.xu.resize(B * c.Kp);
+      for (int64_t i = 0; i < B * c.Kp; ++i) buf.xu[i] = static_cast<uint8_t>(static_cast<int32_t>(buf.xq[i]) + 128);
+      c.xu = buf.xu.data();
+    }
+    if (x && G == 32 && !w8a8_gemm_applies(isa, c)) {  // lane paths: one scale per dpbusd lane (4 k), zero past K
       buf.xsl.assign(B * (c.Kp / 4), 0.f);
       for (int64_t b = 0; b < B; ++b)
         for (int64_t j = 0; 4 * j < K; ++j) buf.xsl[b * (c.Kp / 4) + j] = buf.xs[b * c.groups + 4 * j / 32];

@@ -22,7 +22,20 @@ struct W8A8Ctx {
   int64_t B, N, K, Kp, G, groups;  // Kp: the padded row stride of xq / xu (kPad in gemv_w8a8.cc)
 };
 
-// Runs the tile kernels of `isa` over the N output rows (threaded): y, or acc_out when set.
+// Runs the tile kernels of `isa` over the N output rows (threaded): y, or acc_out when set. From
+// w8a8_gemm_min_rows activation rows on AVX-512 VNNI (float output, xs set) the GEMM of
+// gemm_w8a8.cc runs instead: the exact path's result bit for bit.
 void w8a8_run(Isa isa, W8A8Ctx& c);
+
+// The GEMM (gemm_w8a8.cc): whether it serves `c`, and the run itself.
+constexpr int64_t kW8A8GemmMinRows = 16;
+bool w8a8_gemm_applies(Isa isa, const W8A8Ctx& c);
+void w8a8_gemm_run(W8A8Ctx& c);
+// quantize_activations_int8 (kernels.h) on AVX-512, threaded over rows, writing xq and xu = xq + 128
+// ([B, Kp], padded: xq 0, xu 128 past K) and xs [B, groups]: the same values.
+void quantize_activations_vnni(const float* x, int8_t* xq, uint8_t* xu, float* xs, int64_t B, int64_t K, int64_t Kp,
+                               int64_t G);
+// Benchmarks and tests: the fewest rows that take the GEMM (<= 0: kW8A8GemmMinRows).
+void set_w8a8_gemm_min_rows(int64_t rows);
 
 }  // namespace plk

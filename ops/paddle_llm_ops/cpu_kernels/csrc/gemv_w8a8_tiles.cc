@@ -319,6 +319,7 @@ bool use_lanes(Isa isa, const W8A8Ctx& c) { return isa != Isa::kGeneric && c.G =
 }  // namespace
 
 void w8a8_run(Isa isa, W8A8Ctx& c) {
+  if (w8a8_gemm_applies(isa, c)) return w8a8_gemm_run(c);
   const int64_t work = c.N * c.K + c.B * c.N * c.K / 8;  // weight bytes, plus compute for larger B
   RangeFn fn = isa == Isa::kAvx512Vnni ? range_vnni : (isa == Isa::kAvx2Fma ? range_avx2 : range_generic);
   if (use_lanes(isa, c)) fn = isa == Isa::kAvx512Vnni ? lanes_range_vnni : lanes_range_avx2;
