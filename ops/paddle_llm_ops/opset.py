@@ -6,9 +6,11 @@ The model never decides which kernel to run: it calls `ops.rms_norm(...)`, `ops.
 - composed: Paddle ops (plus Paddle's fused RMSNorm / the GCU plug-in's fused MoE where the
   platform layer verified them), on every place;
 - cpu: the C++ CPU kernels of paddle_llm_ops.cpu_kernels (weight-streaming GEMV, int8 GEMV, fused
-  rotary + paged KV write, paged decode attention over block tables, fused add + RMSNorm), on the
-  CPU place only, with the dispatch path ("avx2_fma" | "generic") the platform layer chose from the
-  CPU's flags. Prefill attention stays composed (MKL batched matmuls are fast there).
+  rotary + paged KV write, paged decode attention over block tables, fused causal prefill attention
+  over a chunk's slots, fused add + RMSNorm), on the CPU place only, with the dispatch path
+  ("avx512_vnni" | "avx2_fma" | "generic") the platform layer chose from the CPU's flags. (Prefill
+  attention was composed before: at 2,000 tokens its score matrices, mask and softmax took 2.3x the
+  fused kernel's time.)
 - gcu: paddle-custom-gcu's custom ops (paddle_llm_ops.gcu), each group only where the platform layer
   found it registered with the expected signature and numerically right on the device:
   gcu_attention (one flash_attn_var_len_gcu call per layer for the whole mixed step, KV writes
@@ -236,6 +238,12 @@ def _cpu_decode(isa, block_size, q, k_cache, v_cache, meta, scale):
                                               meta.decode_context_lens, scale, block_size, isa)
 
 
+def _cpu_prefill(isa, q, k_cache, v_cache, context_slots, start_pos, scale):
+    from paddle_llm_ops import cpu_kernels
+
+    return cpu_kernels.paged_prefill_attention(q, k_cache, v_cache, context_slots, start_pos, scale, isa)
+
+
 # ---------------------------------------------------------------------------------- gcu kernels
 def _gcu_rotary_inputs(table, positions, dtype):
     # positions [1, T] int32: the kernel's [batch, seq], made once per step
@@ -293,14 +301,15 @@ def build_opset(fused_rms_norm: bool = False, kv_gather_dtype: str | None = None
     as the plan's optional kernels).
 
     fused_rms_norm: Paddle's fused kernel (only where the platform layer verified it can run);
-    kv_gather_dtype: see kv_cache.gather_kv (None: the cache's own dtype); fused_moe: the GCU
+    kv_gather_dtype: see kv_cache.gather_kv (None: the cache's own dtype; the composed attention's
+    only: the C++ CPU kernels read every cache dtype in place); fused_moe: the GCU
     plug-in's fused MoE operators (and its topk_softmax_gcu routing where a family routes by plain
     softmax top-k); cpu_isa: None (composed kernels) or the dispatch path of the C++ CPU kernels
     ("avx2_fma" | "generic": fp32 compute and an fp32 KV cache only); quantization: "", "wint8" or
     "wint4" (weight-only linears and LM head: the C++ int8 / int4 GEMV with cpu kernels,
     paddle-custom-gcu's linear_quant_gcu otherwise), quantization_group_size: -1 (per output
     channel) or the group size (resolved by the platform plan); block_size: tokens per KV block (the
-    paged decode kernel); gcu_attention / gcu_rotary / gcu_rms_norm: paddle-custom-gcu's ops (see
+    CPU paged decode kernel; the CPU prefill kernel reads by slot); gcu_attention / gcu_rotary / gcu_rms_norm: paddle-custom-gcu's ops (see
     the module doc; never with cpu_isa).
     Raises ValueError for an unknown quantization, or cpu kernels mixed with gcu ones."""
     if quantization not in QUANTIZATIONS:
@@ -315,8 +324,7 @@ def build_opset(fused_rms_norm: bool = False, kv_gather_dtype: str | None = None
     if cpu_isa is not None:
         if gcu:
             raise ValueError("build_opset: the C++ CPU kernels and the gcu kernels serve different places")
-        return _cpu_opset(cpu_isa, (quantization, quantization_group_size), block_size, prefill, kv_gather_dtype,
-                          moe, moe_name)
+        return _cpu_opset(cpu_isa, (quantization, quantization_group_size), block_size, moe, moe_name)
     rms = rms_norm_fused if fused_rms_norm else rms_norm_composed
     base = OpSet(
         rms_norm=rms,
@@ -337,12 +345,12 @@ def build_opset(fused_rms_norm: bool = False, kv_gather_dtype: str | None = None
     return _with_gcu_kernels(base, gcu_attention, gcu_rotary, gcu_rms_norm, fused_moe) if gcu or fused_moe else base
 
 
-def _cpu_opset(cpu_isa: str, quant: tuple[str, int], block_size: int, prefill, kv_gather_dtype, moe,
-               moe_name) -> OpSet:
+def _cpu_opset(cpu_isa: str, quant: tuple[str, int], block_size: int, moe, moe_name) -> OpSet:
     """quant: (quantization, group size) of the linears."""
     if block_size <= 0:
         raise ValueError("build_opset: the cpu kernels need the KV block_size")
     decode = functools.partial(_cpu_decode, cpu_isa, block_size)
+    prefill = functools.partial(_cpu_prefill, cpu_isa)  # reads every cache dtype itself: no gather
     return OpSet(
         rms_norm=functools.partial(_cpu_rms_norm, cpu_isa),
         add_rms_norm=functools.partial(_cpu_add_rms_norm, cpu_isa),
@@ -356,8 +364,8 @@ def _cpu_opset(cpu_isa: str, quant: tuple[str, int], block_size: int, prefill, k
         swiglu=functools.partial(_cpu_swiglu, cpu_isa),
         make_decode_stack=functools.partial(_cpu_decode_stack, cpu_isa, block_size),
         names=(("rms_norm", f"cpu_{cpu_isa}"), ("swiglu", f"cpu_{cpu_isa}"), ("linear", f"cpu_{_LINEAR_KIND[quant[0]]}_{cpu_isa}"),
-               ("rotary_kv_write", f"cpu_{cpu_isa}"), ("attention", f"cpu_paged_decode_{cpu_isa} + composed prefill"),
-               ("kv_gather", kv_gather_dtype or "cache dtype"), moe_name),
+               ("rotary_kv_write", f"cpu_{cpu_isa}"), ("attention", f"cpu_paged_{cpu_isa}"),
+               ("kv_gather", "none (paged kernels)"), moe_name),
         moe_experts=moe,
     )
 

@@ -43,6 +43,7 @@ Ops (all fp32 unless stated; B = decode batch, T = tokens of a step):
   add_rms_norm              x, residual [T, H], weight [H], eps      -> (normed [T, H], x + residual)
   rotary_kv_write           qkv [T, (nh + 2 kvh) d] -> q [T, nh, d]; writes k, v into the caches
   paged_decode_attention    q [B, nh, d] over block tables            -> [B, nh * d]
+  paged_prefill_attention   q [n, nh, d] of one chunk over its slots  -> [n, nh * d] (causal)
 """
 
 from __future__ import annotations
@@ -194,7 +195,7 @@ def _resolve(isa: str) -> str:
 from paddle_llm_ops.cpu_kernels.gemv_ops import (dequantize_int4, dequantize_int8, gemv, gemv_int4,  # noqa: E402
                                                  gemv_int8, gemv_w4a8, gemv_w8a8, int8_dot_groups, linear,
                                                  linear_int4, linear_int8, linear_w4a8, linear_w8a8)
-from paddle_llm_ops.cpu_kernels.layer_ops import (add_rms_norm, paged_decode_attention, rms_norm,  # noqa: E402
+from paddle_llm_ops.cpu_kernels.layer_ops import (add_rms_norm, paged_decode_attention, paged_prefill_attention, rms_norm,  # noqa: E402
                                                   rotary_kv_write, swiglu)
 from paddle_llm_ops.cpu_kernels.quantize import (quantize_activations_int8, quantize_activations_numpy,  # noqa: E402
                                                  quantize_int4_numpy, quantize_int8, quantize_int8_numpy)
@@ -206,7 +207,7 @@ __all__ = [
     "get_num_threads",
     "int8_dot_groups", "library_path", "linear", "linear_int4", "linear_int8", "linear_w4a8", "linear_w8a8",
     "load",
-    "paged_decode_attention", "quantize_activations_int8", "quantize_activations_numpy", "quantize_int4_numpy",
+    "paged_decode_attention", "paged_prefill_attention", "quantize_activations_int8", "quantize_activations_numpy", "quantize_int4_numpy",
     "quantize_int8", "quantize_int8_numpy", "rms_norm", "rotary_kv_write", "set_num_threads", "set_w8a8_gemm_min_rows", "supported_isas",
     "swiglu",
 ]

@@ -1,5 +1,5 @@
 """The C++ CPU kernels of a decoder layer besides its linears: RMSNorm (with the fused residual
-add), SwiGLU, rotary + paged KV write, paged decode attention. See the package docstring for
+add), SwiGLU, rotary + paged KV write, paged decode and prefill attention. See the package docstring for
 dispatch, threads and errors."""
 
 from __future__ import annotations
@@ -68,3 +68,21 @@ def paged_decode_attention(q: paddle.Tensor, k_cache: paddle.Tensor, v_cache: pa
     score range. Raises ValueError for a block id outside the cache or a length beyond the table."""
     return _run("plk_decode_attention", q, k_cache, v_cache, block_tables, context_lens, float(scale),
                 int(block_size), _resolve(isa))[0]
+
+
+def paged_prefill_attention(q: paddle.Tensor, k_cache: paddle.Tensor, v_cache: paddle.Tensor,
+                            context_slots: paddle.Tensor, start_pos: int, scale: float,
+                            isa: str = "generic") -> paddle.Tensor:
+    """Causal attention of one sequence's chunk of new tokens over its whole context, read straight
+    from the cache by slot (paged_attention.prefill_attention's contract, fused: no gathered K/V, no
+    score matrix, no mask tensor).
+
+    q: [n, num_heads, d] fp32, the queries of positions start_pos .. start_pos + n - 1 (their keys and
+    values already in the cache); k_cache, v_cache: [num_kv_heads, slots, d], float32, bfloat16 or
+    float16 (widened exactly to fp32 when read); context_slots: [start_pos + n] int64, the slot of
+    every position 0 .. start_pos + n - 1. Query i sees positions 0 .. start_pos + i; head h uses KV
+    head h // (num_heads // num_kv_heads). Returns [n, num_heads * d] fp32. Online softmax over
+    sub-blocks of 64 positions (as paged_decode_attention), queries in blocks of 16 sharing each K/V
+    read. Raises ValueError for a slot outside the cache or mismatched shapes / dtypes."""
+    return _run("plk_prefill_attention", q, k_cache, v_cache, context_slots, int(start_pos), float(scale),
+                _resolve(isa))[0]

@@ -174,6 +174,67 @@ void sub_block_generic(const float* q, int64_t G, int64_t d, float scale, const 
   }
 }
 
+// One sub-block of n contiguous cache rows starting at element `row` (of d values each) for G query
+// rows, whatever the cache type. The AVX2 kernel reads every cache type in place (KvF16 needs F16C);
+// the generic kernel, and fp16 on a CPU without F16C, widen each sub-block into fp32 scratch
+// (L1-sized: kSub x d) first.
+struct KvReader {
+  KvDtype kt;
+  bool in_place;
+  int64_t esize;
+  KvReader(KvDtype t, bool avx, int64_t d)
+      : kt(t), in_place(t == KvDtype::kF32 || (avx && (t == KvDtype::kBf16 || cpu_has_f16c()))),
+        esize(kv_elem_bytes(t)) {
+    if (!in_place && static_cast<int64_t>(kbuf().size()) < kSub * d) {
+      kbuf().resize(kSub * d);
+      vbuf().resize(kSub * d);
+    }
+  }
+  static std::vector<float>& kbuf() {
+    thread_local std::vector<float> b;
+    return b;
+  }
+  static std::vector<float>& vbuf() {
+    thread_local std::vector<float> b;
+    return b;
+  }
+  template <bool AVX>
+  void sub_block(const float* q, int64_t G, int64_t d, float scale, const void* k_cache, const void* v_cache,
+                 int64_t row, int n, float* acc) const {
+    const char* kp = static_cast<const char*>(k_cache) + row * esize;
+    const char* vp = static_cast<const char*>(v_cache) + row * esize;
+    const float *k = reinterpret_cast<const float*>(kp), *v = reinterpret_cast<const float*>(vp);
+    if (!in_place) {
+      kv_load(kt, kp, kbuf().data(), n * d);
+      kv_load(kt, vp, vbuf().data(), n * d);
+      k = kbuf().data();
+      v = vbuf().data();
+    }
+    if constexpr (!AVX) {
+      sub_block_generic(q, G, d, scale, k, v, n, acc);
+    } else {
+      if (in_place && kt == KvDtype::kBf16) {
+        sub_block_avx2<KvBf16>(q, G, d, scale, reinterpret_cast<const uint16_t*>(kp),
+                               reinterpret_cast<const uint16_t*>(vp), n, acc);
+      } else if (in_place && kt == KvDtype::kF16) {
+        sub_block_avx2<KvF16>(q, G, d, scale, reinterpret_cast<const uint16_t*>(kp),
+                              reinterpret_cast<const uint16_t*>(vp), n, acc);
+      } else {
+        sub_block_avx2<KvF32>(q, G, d, scale, k, v, n, acc);
+      }
+    }
+  }
+};
+
+// Empty online-softmax states: acc 0, max -inf, sum 0, for `rows` rows of d + 2 floats.
+inline void reset_states(float* acc, int64_t rows, int64_t d) {
+  for (int64_t h = 0; h < rows; ++h) {
+    std::memset(acc + h * (d + 2), 0, d * sizeof(float));
+    acc[h * (d + 2) + d] = -std::numeric_limits<float>::infinity();
+    acc[h * (d + 2) + d + 1] = 0.f;
+  }
+}
+
 template <bool AVX>
 void run_tasks(void* ctx, int64_t t0, int64_t t1) {
   const Ctx& c = *static_cast<const Ctx*>(ctx);
@@ -182,48 +243,15 @@ void run_tasks(void* ctx, int64_t t0, int64_t t1) {
   for (int64_t t = t0; t < t1; ++t) {
     const Task& tk = c.tasks[t];
     float* acc = c.partial + t * G * (d + 2);
-    for (int64_t h = 0; h < G; ++h) {
-      std::memset(acc + h * (d + 2), 0, d * sizeof(float));
-      acc[h * (d + 2) + d] = -std::numeric_limits<float>::infinity();
-      acc[h * (d + 2) + d + 1] = 0.f;
-    }
+    reset_states(acc, G, d);
     const float* q = a.q + (static_cast<int64_t>(tk.b) * a.nh + tk.g * G) * d;
     const int32_t* bt = a.block_tables + static_cast<int64_t>(tk.b) * a.max_blocks;
-    // The AVX2 kernel reads every cache type in place (KvF16 needs F16C); the generic kernel, and
-    // fp16 on a CPU without F16C, widen each sub-block into fp32 scratch (L1-sized: kSub x d) first.
-    const KvDtype kt = a.kv_dtype;
-    const bool in_place = kt == KvDtype::kF32 || (AVX && (kt == KvDtype::kBf16 || cpu_has_f16c()));
-    const int64_t esize = kv_elem_bytes(kt);
-    thread_local std::vector<float> kbuf, vbuf;
-    if (!in_place && static_cast<int64_t>(kbuf.size()) < kSub * d) {
-      kbuf.resize(kSub * d);
-      vbuf.resize(kSub * d);
-    }
+    KvReader r(a.kv_dtype, AVX, d);
     for (int64_t p = tk.p0; p < tk.p1;) {
       const int64_t blk = bt[p / bs], off = p % bs;
       const int64_t n = std::min<int64_t>(std::min<int64_t>(bs - off, tk.p1 - p), kSub);
       const int64_t row = (static_cast<int64_t>(tk.g) * a.S + blk * bs + off) * d;
-      const char* kp = static_cast<const char*>(a.k_cache) + row * esize;
-      const char* vp = static_cast<const char*>(a.v_cache) + row * esize;
-      const float *k = reinterpret_cast<const float*>(kp), *v = reinterpret_cast<const float*>(vp);
-      if (!in_place) {
-        kv_load(kt, kp, kbuf.data(), n * d);
-        kv_load(kt, vp, vbuf.data(), n * d);
-        k = kbuf.data();
-        v = vbuf.data();
-      }
-      const int ni = static_cast<int>(n);
-      if (!AVX) {
-        sub_block_generic(q, G, d, a.scale, k, v, ni, acc);
-      } else if (in_place && kt == KvDtype::kBf16) {
-        auto* k16 = reinterpret_cast<const uint16_t*>(kp);
-        sub_block_avx2<KvBf16>(q, G, d, a.scale, k16, reinterpret_cast<const uint16_t*>(vp), ni, acc);
-      } else if (in_place && kt == KvDtype::kF16) {
-        auto* k16 = reinterpret_cast<const uint16_t*>(kp);
-        sub_block_avx2<KvF16>(q, G, d, a.scale, k16, reinterpret_cast<const uint16_t*>(vp), ni, acc);
-      } else {
-        sub_block_avx2<KvF32>(q, G, d, a.scale, k, v, ni, acc);
-      }
+      r.sub_block<AVX>(q, G, d, a.scale, a.k_cache, a.v_cache, row, static_cast<int>(n), acc);
       p += n;
     }
   }
@@ -231,6 +259,67 @@ void run_tasks(void* ctx, int64_t t0, int64_t t1) {
 
 PLK_AVX2 void run_tasks_avx2(void* ctx, int64_t t0, int64_t t1) { run_tasks<true>(ctx, t0, t1); }
 void run_tasks_generic(void* ctx, int64_t t0, int64_t t1) { run_tasks<false>(ctx, t0, t1); }
+
+// ------------------------------------------------------------------------------- prefill
+// Tasks of (KV head, block of kQueryBlock queries): the block's G * kQueryBlock query rows share
+// every K/V sub-block read (from L1), as the G heads of one decode query do. Keys every query of the
+// block sees (p <= start_pos + first query) run for all rows at once; the few past that (inside the
+// block's causal triangle) run query by query, each up to its own position. Online softmax as in
+// decode; work grows with the block's position, so tasks are handed out dynamically.
+constexpr int64_t kQueryBlock = 16;
+
+struct PrefillCtx {
+  const PrefillAttnArgs* a;
+  int64_t G, blocks;
+};
+
+// Positions [p, end) read as runs of contiguous slots of at most kSub: calls f(row, n) per run.
+template <class F>
+inline void slot_runs(const PrefillAttnArgs& a, int64_t g, int64_t p, int64_t end, F&& f) {
+  while (p < end) {
+    int64_t n = 1;
+    while (p + n < end && n < kSub && a.slots[p + n] == a.slots[p] + n) ++n;
+    f((g * a.S + a.slots[p]) * a.d, static_cast<int>(n));
+    p += n;
+  }
+}
+
+template <bool AVX>
+void run_prefill(void* ctx, int64_t t0, int64_t t1) {
+  const PrefillCtx& c = *static_cast<const PrefillCtx*>(ctx);
+  const PrefillAttnArgs& a = *c.a;
+  const int64_t d = a.d, G = c.G;
+  thread_local std::vector<float> qb, acc;
+  KvReader r(a.kv_dtype, AVX, d);
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t g = t / c.blocks, i0 = (t % c.blocks) * kQueryBlock, i1 = std::min(a.n, i0 + kQueryBlock);
+    const int64_t rows = (i1 - i0) * G;
+    qb.resize(rows * d);
+    acc.resize(rows * (d + 2));
+    for (int64_t i = i0; i < i1; ++i)  // rows (i, head) of this KV head, contiguous
+      std::memcpy(qb.data() + (i - i0) * G * d, a.q + (i * a.nh + g * G) * d, G * d * sizeof(float));
+    reset_states(acc.data(), rows, d);
+    const int64_t shared = a.start_pos + i0 + 1;  // keys 0 .. start_pos + i0: every row sees them
+    slot_runs(a, g, 0, shared, [&](int64_t row, int n) {
+      r.sub_block<AVX>(qb.data(), rows, d, a.scale, a.k_cache, a.v_cache, row, n, acc.data());
+    });
+    for (int64_t i = i0 + 1; i < i1; ++i)  // query i also sees start_pos + i0 + 1 .. start_pos + i
+      slot_runs(a, g, shared, a.start_pos + i + 1, [&](int64_t row, int n) {
+        r.sub_block<AVX>(qb.data() + (i - i0) * G * d, G, d, a.scale, a.k_cache, a.v_cache, row, n,
+                         acc.data() + (i - i0) * G * (d + 2));
+      });
+    for (int64_t i = i0; i < i1; ++i)
+      for (int64_t h = 0; h < G; ++h) {
+        const float* st = acc.data() + ((i - i0) * G + h) * (d + 2);
+        float* out = a.out + (i * a.nh + g * G + h) * d;
+        const float inv = 1.0f / st[d + 1];
+        for (int64_t e = 0; e < d; ++e) out[e] = st[e] * inv;
+      }
+  }
+}
+
+PLK_AVX2 void run_prefill_avx2(void* ctx, int64_t t0, int64_t t1) { run_prefill<true>(ctx, t0, t1); }
+void run_prefill_generic(void* ctx, int64_t t0, int64_t t1) { run_prefill<false>(ctx, t0, t1); }
 
 // Positions of K/V read per task before a context is cut into several chunks.
 constexpr int64_t kChunkPositions = 512;
@@ -305,6 +394,17 @@ void paged_decode_attention(Isa isa, const DecodeAttnArgs& a) {
       for (int64_t e = 0; e < d; ++e) out[e] *= inv;
     }
   }
+}
+
+void paged_prefill_attention(Isa isa, const PrefillAttnArgs& a) {
+  if (a.n <= 0) return;
+  const int64_t G = a.nh / a.kvh, blocks = (a.n + kQueryBlock - 1) / kQueryBlock;
+  // Work ~ keys read per query row: n * (start_pos + n / 2) * kvh * d; threads as decode sizes them.
+  const int64_t work = a.n * (a.start_pos + a.n / 2 + 1) * a.kvh * a.d * 4 * 2 / kQueryBlock;
+  PrefillCtx c{&a, G, blocks};
+  const bool avx = isa != Isa::kGeneric && a.d % 8 == 0;
+  parallel_tasks(a.kvh * blocks, threads_for(work, kAttnBytesPerThread), avx ? run_prefill_avx2 : run_prefill_generic,
+                 &c);
 }
 
 }  // namespace plk

@@ -79,6 +79,21 @@ struct DecodeAttnArgs {
 };
 void paged_decode_attention(Isa isa, const DecodeAttnArgs& a);
 
+// Causal attention of one sequence's chunk of n new tokens (positions start_pos .. start_pos + n - 1,
+// their K/V already in the cache) over its context, read from the cache by slot (attention.cc):
+//   out[i, h] = softmax_p(scale * q[i, h] . K[g, slots[p]]) . V[g, slots[p]],  p <= start_pos + i
+struct PrefillAttnArgs {
+  const float* q;          // [n, nh, d]
+  const void* k_cache;     // [kvh, S, d] in kv_dtype
+  const void* v_cache;
+  const int64_t* slots;    // [start_pos + n]: the cache slot of every position
+  float* out;              // [n, nh * d]
+  int64_t n, start_pos, nh, kvh, d, S;
+  float scale;
+  KvDtype kv_dtype;
+};
+void paged_prefill_attention(Isa isa, const PrefillAttnArgs& a);
+
 // out [B, I] = silu(gu[:, :I]) * gu[:, I:] for gu [B, 2I] (activation.cc).
 void silu_mul(Isa isa, const float* gu, float* out, int64_t B, int64_t I);
 

@@ -1,5 +1,5 @@
 // Paddle op registrations of the KV-cache kernels: the fused rotary embedding + paged KV write, and
-// paged decode attention. Shared checks: ops_common.h.
+// paged decode and prefill attention. Shared checks: ops_common.h.
 #include <string>
 #include <vector>
 
@@ -129,6 +129,43 @@ std::vector<Tensor> DecodeAttention(const Tensor& q, const Tensor& k_cache, cons
   return {out};
 }
 
+// ----------------------------------------------------------------------- paged prefill attention
+std::vector<Tensor> PrefillAttention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                     const Tensor& context_slots, int64_t start_pos, float scale,
+                                     const std::string& isa) {
+  plk::Isa i = parse_isa(isa);
+  check_tensor(q, "q", DataType::FLOAT32, 3);
+  const int64_t n = q.shape()[0], nh = q.shape()[1], d = q.shape()[2];
+  PD_CHECK(k_cache.shape().size() == 3, "k_cache must have 3 dims, got ", k_cache.shape().size());
+  const int64_t kvh = k_cache.shape()[0], S = k_cache.shape()[1];
+  const plk::KvDtype kv_dtype = check_caches(k_cache, v_cache, kvh, d);
+  PD_CHECK(nh % kvh == 0, "num_heads ", nh, " is not a multiple of num_kv_heads ", kvh);
+  PD_CHECK(start_pos >= 0, "start_pos must be >= 0, got ", start_pos);
+  check_tensor(context_slots, "context_slots", DataType::INT64, 1);
+  PD_CHECK(context_slots.shape()[0] == start_pos + n, "context_slots must be [start_pos + n = ", start_pos + n,
+           "], got [", context_slots.shape()[0], "]");
+  const int64_t* slots = context_slots.data<int64_t>();
+  for (int64_t p = 0; p < start_pos + n; ++p)
+    PD_CHECK(slots[p] >= 0 && slots[p] < S, "context_slots[", p, "] = ", slots[p], " outside the cache [0, ", S, ")");
+  Tensor out = paddle::empty({n, nh * d}, DataType::FLOAT32, paddle::CPUPlace());
+  plk::PrefillAttnArgs a{};
+  a.q = q.data<float>();
+  a.k_cache = k_cache.data();
+  a.v_cache = v_cache.data();
+  a.kv_dtype = kv_dtype;
+  a.slots = slots;
+  a.out = out.data<float>();
+  a.n = n;
+  a.start_pos = start_pos;
+  a.nh = nh;
+  a.kvh = kvh;
+  a.d = d;
+  a.S = S;
+  a.scale = scale;
+  plk::paged_prefill_attention(i, a);
+  return {out};
+}
+
 // ------------------------------------------------------------------- shape / dtype inference
 Shapes RotaryShape(const std::vector<int64_t>& qkv, const std::vector<int64_t>&, const std::vector<int64_t>& cos,
                    const std::vector<int64_t>&, const std::vector<int64_t>& kc, const std::vector<int64_t>& vc,
@@ -148,8 +185,23 @@ Shapes AttnShape(const std::vector<int64_t>& q, const std::vector<int64_t>&, con
 Dtypes AttnDtype(const DataType&, const DataType&, const DataType&, const DataType&, const DataType&) {
   return {DataType::FLOAT32};
 }
+Shapes PrefillShape(const std::vector<int64_t>& q, const std::vector<int64_t>&, const std::vector<int64_t>&,
+                    const std::vector<int64_t>&) {
+  return {{q[0], q[1] * q[2]}};
+}
+Dtypes PrefillDtype(const DataType&, const DataType&, const DataType&, const DataType&) {
+  return {DataType::FLOAT32};
+}
 
 }  // namespace
+
+PD_BUILD_OP(plk_prefill_attention)
+    .Inputs({"Q", "KCache", "VCache", "ContextSlots"})
+    .Outputs({"Out"})
+    .Attrs({"start_pos: int64_t", "scale: float", "isa: std::string"})
+    .SetKernelFn(PD_KERNEL(PrefillAttention))
+    .SetInferShapeFn(PD_INFER_SHAPE(PrefillShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(PrefillDtype));
 
 PD_BUILD_OP(plk_rotary_kv)
     .Inputs({"Qkv", "Positions", "Cos", "Sin", "KCache", "VCache", "SlotMapping", paddle::Optional("QNorm"),
