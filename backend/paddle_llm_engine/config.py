@@ -8,7 +8,7 @@ import os
 from dataclasses import InitVar, dataclass, field
 
 from paddle_llm_engine.hf_config import read_model_fields
-from paddle_llm_engine.platforms.settings import check_settings
+from paddle_llm_engine.platforms.settings import check_prefill_activations, check_settings
 from paddle_llm_engine.config_lora import check_lora_settings, parse_lora_modules
 from paddle_llm_engine.config_tp_hosts import parse_tp_hosts  # noqa: F401 (EngineConfig.validate; re-exported)
 
@@ -193,6 +193,13 @@ class EngineConfig:
         per output channel for wint8), -1 (one scale per output channel) or a positive multiple of
         8 dividing every linear's input width (else refused at start naming the setting and the
         width); a GCU takes -1, 64, 128.
+    wint8_prefill_activations: with quantization wint8 on the CPU, how steps of more than 64 rows
+        (prompt chunks, and the decode rows that share a step with them) multiply: "fp32" (the
+        default: fp32 activations by the dequantized weights, as precise as weight-only int8) or
+        "int8" (activations quantized to int8 per row and block of 32, as decode rows always are and
+        llama.cpp's Q8_0 does everywhere: the int8 GEMM, several times faster, less precise; see
+        docs/features/quantization.md). "int8" takes effect where the int8 GEMM runs (AVX-512
+        VNNI); elsewhere the start log says fp32 stays. Refused without quantization wint8.
     tensor_parallel_size: N > 1 shards the model over N worker processes, one per device
         (device_id .. device_id + N - 1; on CPU the ids only label the ranks); the engine, scheduler
         and sampler stay in this process (paddle_llm_engine/tp; docs/features/tensor_parallel.md).
@@ -262,6 +269,7 @@ class EngineConfig:
     kernels: str = "auto"
     quantization: str = ""
     quantization_group_size: int = 0
+    wint8_prefill_activations: str = "fp32"
     tensor_parallel_size: int = 1
     tp_hosts: str = ""
     tp_port: int = 29650
@@ -345,6 +353,7 @@ class EngineConfig:
         if self.num_kv_blocks < 0 or self.kv_cache_memory_bytes <= 0:
             raise ValueError("num_kv_blocks must be >= 0 and kv_cache_memory_bytes > 0")
         check_settings(self.dtype, self.kv_cache_dtype, self.quantization, self.quantization_group_size)
+        check_prefill_activations(self.wint8_prefill_activations, self.quantization)
         if not (0.0 <= self.kv_cache_memory_fraction <= 1.0):
             raise ValueError(f"kv_cache_memory_fraction must be 0 (off) or in (0, 1], "
                              f"got {self.kv_cache_memory_fraction}")

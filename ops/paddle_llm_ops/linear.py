@@ -87,10 +87,12 @@ class Int8Linear:
     keeps x in fp32 (cpu_kernels.linear_int8, the weight-only GEMV: int8 widened to fp32); None (the
     default) picks "int8" on the isas of cpu_kernels.W8A8_ISAS and "fp32" on "generic". Both use the
     same stored weights; above cpu_kernels.GEMV_INT8_MAX_BATCH rows (prefill) both multiply fp32
-    activations by the dequantized weight. kind: "w8a8" with int8 activations, else "int8".
-    Raises ValueError for another activations value."""
+    activations by the dequantized weight, unless int8_prefill (with int8 activations on
+    "avx512_vnni": the int8 GEMM takes every row count). kind: "w8a8" with int8 activations, else
+    "int8". Raises ValueError for another activations value, or int8_prefill elsewhere."""
 
-    def __init__(self, w_in_out: np.ndarray, bias: np.ndarray | None, isa: str, activations: str | None = None):
+    def __init__(self, w_in_out: np.ndarray, bias: np.ndarray | None, isa: str, activations: str | None = None,
+                 int8_prefill: bool = False):
         from paddle_llm_ops import cpu_kernels
 
         if activations is None:
@@ -104,12 +106,16 @@ class Int8Linear:
         self.isa = isa
         self.activations = activations
         self.kind = "w8a8" if activations == "int8" else "int8"
+        if int8_prefill and (activations != "int8" or isa != "avx512_vnni"):
+            raise ValueError("Int8Linear int8_prefill needs int8 activations on avx512_vnni (the int8 GEMM)")
+        self.int8_prefill = bool(int8_prefill)
 
     def __call__(self, x: paddle.Tensor) -> paddle.Tensor:
         from paddle_llm_ops import cpu_kernels
 
         if self.activations == "int8":
-            return cpu_kernels.linear_w8a8(x, self.qweight, self.scale, self.bias, self.isa, cpu_kernels.W8A8_GROUP)
+            return cpu_kernels.linear_w8a8(x, self.qweight, self.scale, self.bias, self.isa, cpu_kernels.W8A8_GROUP,
+                                           self.int8_prefill)
         return cpu_kernels.linear_int8(x, self.qweight, self.scale, self.bias, self.isa)
 
 

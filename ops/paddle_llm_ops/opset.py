@@ -191,17 +191,19 @@ def _cpu_add_rms_norm(isa, delta, residual, weight, eps):
     return cpu_kernels.add_rms_norm(delta, residual, weight, eps, isa)
 
 
-def _cpu_linear(isa, quantization, group_size, w_in_out, bias, dtype):
+def _cpu_linear(isa, quantization, group_size, w8a8_prefill, w_in_out, bias, dtype):
     if quantization == "wint4":
         return Int4Linear(w_in_out, bias, isa, group_size)
-    return Int8Linear(w_in_out, bias, isa) if quantization == "wint8" else GemvLinear(w_in_out, bias, isa)
+    if quantization == "wint8":
+        return Int8Linear(w_in_out, bias, isa, int8_prefill=w8a8_prefill)
+    return GemvLinear(w_in_out, bias, isa)
 
 
-def _cpu_lm_head(isa, quantization, group_size, weight):
+def _cpu_lm_head(isa, quantization, group_size, w8a8_prefill, weight):
     from paddle_llm_ops import cpu_kernels
 
     if quantization:  # a quantized copy of the [V, H] head: the embedding lookup keeps fp32 rows
-        return _cpu_linear(isa, quantization, group_size, weight.numpy().T, None, "float32")
+        return _cpu_linear(isa, quantization, group_size, w8a8_prefill, weight.numpy().T, None, "float32")
     return functools.partial(cpu_kernels.linear, w=weight, bias=None, isa=isa)
 
 
@@ -296,7 +298,7 @@ def _with_gcu_kernels(base: OpSet, gcu_attention: bool, gcu_rotary: bool, gcu_rm
 def build_opset(fused_rms_norm: bool = False, kv_gather_dtype: str | None = None, fused_moe: bool = False,
                 cpu_isa: str | None = None, quantization: str = "", block_size: int = 0,
                 gcu_attention: bool = False, gcu_rotary: bool = False, gcu_rms_norm: bool = False,
-                quantization_group_size: int = -1) -> OpSet:
+                quantization_group_size: int = -1, w8a8_prefill: bool = False) -> OpSet:
     """The OpSet for a platform plan's choices (the flags fused_rms_norm ... gcu_rms_norm are named
     as the plan's optional kernels).
 
@@ -310,7 +312,9 @@ def build_opset(fused_rms_norm: bool = False, kv_gather_dtype: str | None = None
     paddle-custom-gcu's linear_quant_gcu otherwise), quantization_group_size: -1 (per output
     channel) or the group size (resolved by the platform plan); block_size: tokens per KV block (the
     CPU paged decode kernel; the CPU prefill kernel reads by slot); gcu_attention / gcu_rotary / gcu_rms_norm: paddle-custom-gcu's ops (see
-    the module doc; never with cpu_isa).
+    the module doc; never with cpu_isa); w8a8_prefill: wint8 linears on the avx512_vnni cpu kernels
+    quantize the activations of steps of more than 64 rows to int8 too (the int8 GEMM), else those
+    multiply fp32 activations by the dequantized weight (the platform plan decides).
     Raises ValueError for an unknown quantization, or cpu kernels mixed with gcu ones."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
@@ -324,7 +328,7 @@ def build_opset(fused_rms_norm: bool = False, kv_gather_dtype: str | None = None
     if cpu_isa is not None:
         if gcu:
             raise ValueError("build_opset: the C++ CPU kernels and the gcu kernels serve different places")
-        return _cpu_opset(cpu_isa, (quantization, quantization_group_size), block_size, moe, moe_name)
+        return _cpu_opset(cpu_isa, (quantization, quantization_group_size, w8a8_prefill), block_size, moe, moe_name)
     rms = rms_norm_fused if fused_rms_norm else rms_norm_composed
     base = OpSet(
         rms_norm=rms,
@@ -345,8 +349,8 @@ def build_opset(fused_rms_norm: bool = False, kv_gather_dtype: str | None = None
     return _with_gcu_kernels(base, gcu_attention, gcu_rotary, gcu_rms_norm, fused_moe) if gcu or fused_moe else base
 
 
-def _cpu_opset(cpu_isa: str, quant: tuple[str, int], block_size: int, moe, moe_name) -> OpSet:
-    """quant: (quantization, group size) of the linears."""
+def _cpu_opset(cpu_isa: str, quant: tuple[str, int, bool], block_size: int, moe, moe_name) -> OpSet:
+    """quant: (quantization, group size, w8a8_prefill) of the linears."""
     if block_size <= 0:
         raise ValueError("build_opset: the cpu kernels need the KV block_size")
     decode = functools.partial(_cpu_decode, cpu_isa, block_size)
@@ -365,7 +369,8 @@ def _cpu_opset(cpu_isa: str, quant: tuple[str, int], block_size: int, moe, moe_n
         make_decode_stack=functools.partial(_cpu_decode_stack, cpu_isa, block_size),
         names=(("rms_norm", f"cpu_{cpu_isa}"), ("swiglu", f"cpu_{cpu_isa}"), ("linear", f"cpu_{_LINEAR_KIND[quant[0]]}_{cpu_isa}"),
                ("rotary_kv_write", f"cpu_{cpu_isa}"), ("attention", f"cpu_paged_{cpu_isa}"),
-               ("kv_gather", "none (paged kernels)"), moe_name),
+               ("kv_gather", "none (paged kernels)"), moe_name)
+        + ((("wint8_prefill", "int8" if quant[2] else "fp32"),) if quant[0] == "wint8" else ()),
         moe_experts=moe,
     )
 

@@ -174,6 +174,21 @@ def test_vnni_gemm_default_rows_and_threads():
     assert np.array_equal(ys[0], ck.gemv_w8a8(t(x), t(q), t(s), t(bias), "generic", 32).numpy())
 
 
+@pytest.mark.skipif(not HOST_VNNI, reason="the int8 GEMM is AVX-512 VNNI code; this CPU lacks it")
+def test_linear_w8a8_int8_prefill_takes_the_gemm_at_every_row_count():
+    _, _, x, q, s, bias = _data(6, ck.GEMV_INT8_MAX_BATCH + 9, 40, 96)
+    got = ck.linear_w8a8(t(x), t(q), t(s), t(bias), "avx512_vnni", 32, int8_prefill=True).numpy()
+    assert np.array_equal(got, _model(x, q, s, bias, 32))
+    lin = Int8Linear(ck.dequantize_int8(t(q), t(s)).numpy().T, bias, "avx512_vnni", int8_prefill=True)
+    assert np.array_equal(lin(t(x)).numpy(), ck.gemv_w8a8(t(x), lin.qweight, lin.scale, lin.bias, "generic", 32).numpy())
+
+
+@pytest.mark.parametrize("isa", ["avx2_fma", "generic"])
+def test_int8_prefill_is_refused_off_the_vnni_path(isa):
+    with pytest.raises(ValueError, match="int8_prefill needs int8 activations on avx512_vnni"):
+        Int8Linear(np.ones((64, 8), np.float32), None, isa, int8_prefill=True)
+
+
 def test_linear_w8a8_prefill_uses_fp32_activations():
     _, _, x, q, s, bias = _data(4, ck.GEMV_INT8_MAX_BATCH + 3, 24, 64)
     got = ck.linear_w8a8(t(x), t(q), t(s), t(bias), "generic", 32).numpy()

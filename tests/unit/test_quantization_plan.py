@@ -8,7 +8,8 @@ import pytest
 from paddle_llm_engine import EngineConfig
 from paddle_llm_engine.platforms import PlatformError, check_settings, decide
 from paddle_llm_engine.platforms.kernel_checks import ChildVerdict
-from test_platform_plan import EPYC_AVX2, XEON_AVX512, Verifier, _gcu_registry, facts
+from paddle_llm_engine.platforms.settings import check_prefill_activations
+from test_platform_plan import EPYC_AVX2, XEON_AVX512, ZEN5_VNNI, Verifier, _gcu_registry, facts
 
 
 @pytest.mark.parametrize("quantization,group,bits,groups_text", [
@@ -82,3 +83,39 @@ def test_group_size_that_does_not_divide_a_linear_is_refused_at_load(tiny_model_
     with pytest.raises(ValueError, match="quantization_group_size 40 does not fit a linear of input width"):
         LLMEngine(EngineConfig(model_dir=tiny_model_dir, device="cpu", num_kv_blocks=16, block_size=16,
                                quantization="wint4", quantization_group_size=40))
+
+
+# wint8_prefill_activations: the decision for hosts this one may not be (the int8 GEMM is VNNI code)
+@pytest.mark.parametrize("cpu,asked,on,line", [
+    (ZEN5_VNNI, "int8", True, "wint8 prefill activations: int8 (wint8_prefill_activations int8): every step's rows "
+                              "run the int8 GEMM, activations quantized per row and block of 32"),
+    (EPYC_AVX2, "int8", False, "wint8 prefill activations: fp32, although int8 was asked: the int8 GEMM is AVX-512 "
+                               "VNNI code for the C++ CPU kernels, and they run avx2_fma here"),
+    (ZEN5_VNNI, "fp32", False, None), (EPYC_AVX2, "fp32", False, None)])
+def test_wint8_prefill_activations_decided_per_host(cpu, asked, on, line):
+    plan = decide(facts(cpu, cpu_kernels_built=True), quantization="wint8", wint8_prefill_activations=asked,
+                  verify=Verifier())
+    assert plan.w8a8_prefill is on
+    found = [d for d in plan.decisions if d.startswith("wint8 prefill activations")]
+    assert found == ([line] if line else [])
+    assert plan.decisions[-1].startswith("quantization wint8: ")  # still the last line
+    names = dict(plan.opset(16).names)
+    assert names["wint8_prefill"] == ("int8" if on else "fp32")
+
+
+def test_wint8_prefill_activations_on_a_gcu_is_noted_not_applied():
+    plan = decide(_gcu_facts(), quantization="wint8", wint8_prefill_activations="int8", verify=Verifier())
+    assert plan.w8a8_prefill is False
+    assert any(d.startswith("wint8 prefill activations: not applied on gcu") for d in plan.decisions)
+
+
+@pytest.mark.parametrize("value,quantization,message", [
+    ("int4", "wint8", "wint8_prefill_activations must be fp32 or int8; got 'int4'"),
+    ("int8", "", "wint8_prefill_activations int8 needs quantization wint8"),
+    ("int8", "wint4", "wint8_prefill_activations int8 needs quantization wint8")])
+def test_wint8_prefill_activations_setting_validated_naming_it(value, quantization, message):
+    with pytest.raises(ValueError, match=message):
+        check_prefill_activations(value, quantization)
+    with pytest.raises(ValueError, match=message):  # the engine's own check (before any weight is read)
+        decide(facts(ZEN5_VNNI, cpu_kernels_built=True), quantization=quantization, wint8_prefill_activations=value,
+               verify=Verifier())

@@ -31,7 +31,8 @@ from paddle_llm_engine.platforms.cpu_features import CpuInfo
 from paddle_llm_engine.platforms.device import Device, PlatformError
 from paddle_llm_engine.platforms import gcu_kernels
 from paddle_llm_engine.platforms.kernel_registry import KernelRegistry
-from paddle_llm_engine.platforms.settings import OPTIONAL_KERNELS, check_settings, parse_kernels_setting
+from paddle_llm_engine.platforms.settings import (OPTIONAL_KERNELS, check_prefill_activations, check_settings,
+                                                  parse_kernels_setting)
 from paddle_llm_ops.gcu.linear_quant import GCU_GROUP_SIZES
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,9 @@ class PlatformPlan:
     flags: Paddle flags to set before the model is built; cpu_isa: the dispatch path of the C++ CPU
     kernels ("avx512_vnni" | "avx2_fma" | "generic") when kernels["cpu_kernels"] is on, else None; quantization: "",
     "wint8" or "wint4"; quantization_group_size: -1 (per output channel) or the input channels per
-    scale (resolved, never 0); decisions: one log line per decision, each with its reason."""
+    scale (resolved, never 0); w8a8_prefill: wint8 steps of more than 64 rows quantize their
+    activations to int8 (the int8 GEMM; wint8_prefill_activations int8 on an AVX-512 VNNI host);
+    decisions: one log line per decision, each with its reason."""
 
     device: str
     dtype: str
@@ -104,6 +107,7 @@ class PlatformPlan:
     cpu_isa: str | None = None
     quantization: str = ""
     quantization_group_size: int = -1
+    w8a8_prefill: bool = False
     flags: dict[str, object] = field(default_factory=dict)
     decisions: list[str] = field(default_factory=list)
 
@@ -120,7 +124,8 @@ class PlatformPlan:
         flags = {name: on for name, on in self.kernels.items() if name != "cpu_kernels"}
         gather = self.kv_gather_dtype if self.kv_gather_dtype != self.kv_cache_dtype else None
         return build_opset(cpu_isa=self.cpu_isa, kv_gather_dtype=gather, quantization=self.quantization,
-                           quantization_group_size=self.quantization_group_size, block_size=block_size, **flags)
+                           quantization_group_size=self.quantization_group_size, block_size=block_size,
+                           w8a8_prefill=self.w8a8_prefill, **flags)
 
 
 def _is_custom(device: Device) -> bool:
@@ -341,18 +346,40 @@ def _decide_kernels(facts: PlaceFacts, kernels: str, dt: str, kv: str, verify: V
     return chosen, isa[0] if chosen.get("cpu_kernels") else None, cpu_reason
 
 
+def _decide_prefill_activations(asked: str, quantization: str, device: str, cpu_isa: str | None,
+                                out: list[str]) -> bool:
+    """wint8 steps of more than 64 rows: int8 activations (the AVX-512 VNNI int8 GEMM) when asked and
+    the C++ kernels run avx512_vnni, else fp32 (a log line only when int8 was asked)."""
+    if quantization != "wint8" or asked != "int8":
+        return False
+    if device != "cpu":
+        out.append(f"wint8 prefill activations: not applied on {device} (int8 asked; the device's "
+                   f"linear_quant_gcu multiplies as it does)")
+        return False
+    if cpu_isa != "avx512_vnni":
+        out.append(f"wint8 prefill activations: fp32, although int8 was asked: the int8 GEMM is AVX-512 VNNI "
+                   f"code for the C++ CPU kernels, and they run {cpu_isa or 'off'} here")
+        return False
+    out.append("wint8 prefill activations: int8 (wint8_prefill_activations int8): every step's rows run the "
+               "int8 GEMM, activations quantized per row and block of 32")
+    return True
+
+
 def decide(facts: PlaceFacts, dtype: str = "auto", kv_cache_dtype: str = "auto", kernels: str = "auto",
-           verify: Verify | None = None, quantization: str = "", quantization_group_size: int = 0) -> PlatformPlan:
+           verify: Verify | None = None, quantization: str = "", quantization_group_size: int = 0,
+           wint8_prefill_activations: str = "fp32") -> PlatformPlan:
     """The PlatformPlan for a place. verify(kernel name, dtype, **params) -> ChildVerdict checks an
     optional kernel against the composed ops before it is turned on (kernel_checks.PlaceVerifier;
     the C++ CPU kernels get params isa=<their dispatch path>); tests pass their own; without one,
     every optional kernel stays off. quantization: "", "wint8" or "wint4", quantization_group_size as
-    check_settings takes it (the plan holds the resolved value).
+    check_settings takes it (the plan holds the resolved value); wint8_prefill_activations as
+    check_prefill_activations takes it ("int8" holds where the C++ kernels run avx512_vnni).
     With the C++ CPU kernels on, Paddle's fused RMSNorm is not used (they bring their own).
 
     Raises PlatformError for a dtype, kv_cache_dtype or forced kernel the place cannot run, and
     ValueError for a malformed setting (naming it)."""
     group_size = check_settings(dtype, kv_cache_dtype, quantization, quantization_group_size)
+    prefill_acts = check_prefill_activations(wint8_prefill_activations, quantization)
     parse_kernels_setting(kernels)  # a malformed list is refused before anything is decided
     if verify is None:
         def verify(name, dtype="float32", **params):
@@ -372,7 +399,9 @@ def decide(facts: PlaceFacts, dtype: str = "auto", kv_cache_dtype: str = "auto",
     dt = _decide_dtype(facts, dtype, decisions)
     kv, gather = _decide_kv(facts, kv_cache_dtype, dt, decisions)
     chosen, cpu_isa, cpu_reason = _decide_kernels(facts, kernels, dt, kv, verify, decisions)
+    # before the quantization line, which stays the last one
+    w8a8_prefill = _decide_prefill_activations(prefill_acts, quantization, facts.device.kind, cpu_isa, decisions)
     _decide_quantization(facts, (quantization, group_size), dt, cpu_isa, cpu_reason, verify, decisions)
     return PlatformPlan(device=facts.device, dtype=dt, kv_cache_dtype=kv, kv_gather_dtype=gather,
                         kernels=chosen, flags=flags, cpu_isa=cpu_isa, quantization=quantization,
-                        quantization_group_size=group_size, decisions=decisions)
+                        quantization_group_size=group_size, w8a8_prefill=w8a8_prefill, decisions=decisions)

@@ -50,7 +50,8 @@ def gather_facts(device: Device | str, cpu_kernels: tuple[bool, str] = (False, "
 
 
 def plan_for_device(device: Device | str, dtype: str = "auto", kv_cache_dtype: str = "auto",
-                    kernels: str = "auto", quantization: str = "", quantization_group_size: int = 0) -> PlatformPlan:
+                    kernels: str = "auto", quantization: str = "", quantization_group_size: int = 0,
+                    wint8_prefill_activations: str = "fp32") -> PlatformPlan:
     """Decide for `device` in this process, log every decision, apply the plan's Paddle flags.
     Raises as decide()."""
     import paddle
@@ -61,7 +62,8 @@ def plan_for_device(device: Device | str, dtype: str = "auto", kv_cache_dtype: s
     facts = gather_facts(device, _load_cpu_kernels(device, kernels))
 
     verify = PlaceVerifier(device.kind == "cpu", facts.paddle_version, facts.cpu.model, facts.cpu.flags)
-    plan = decide(facts, dtype, kv_cache_dtype, kernels, verify, quantization, quantization_group_size)
+    plan = decide(facts, dtype, kv_cache_dtype, kernels, verify, quantization, quantization_group_size,
+                  wint8_prefill_activations)
     if verify.timings:
         plan.decisions.append("kernel checks: " + ", ".join(
             f"{name} {'cached' if cached else f'{secs:.3f} s'}" for name, secs, cached in verify.timings))

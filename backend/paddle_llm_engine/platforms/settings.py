@@ -37,6 +37,21 @@ def check_settings(dtype: str, kv_cache_dtype: str, quantization: str, quantizat
     return DEFAULT_GROUP_SIZES[quantization] if g == 0 else g
 
 
+PREFILL_ACTIVATIONS = ("fp32", "int8")
+
+
+def check_prefill_activations(value: str, quantization: str) -> str:
+    """The wint8_prefill_activations setting: "fp32" or "int8" (case and spaces ignored), "int8" only
+    with quantization wint8. Returns the normalized value; raises ValueError naming the setting."""
+    v = str(value).strip().lower()
+    if v not in PREFILL_ACTIVATIONS:
+        raise ValueError(f"wint8_prefill_activations must be fp32 or int8; got {value!r}")
+    if v == "int8" and quantization != "wint8":
+        raise ValueError(f"wint8_prefill_activations int8 needs quantization wint8 (got quantization "
+                         f"{quantization or 'none'!r})")
+    return v
+
+
 def parse_kernels_setting(value: str) -> tuple[str, tuple[str, ...]]:
     """`kernels` setting -> ("auto", ()), ("composed", ()) or ("list", names).
 

@@ -64,7 +64,7 @@ class Worker:
         self.platform.activate(self.device, self.threads)
         self.plan = plan_for_device(self.device, engine_config.dtype, engine_config.kv_cache_dtype,
                                     engine_config.kernels, engine_config.quantization,
-                                    engine_config.quantization_group_size)
+                                    engine_config.quantization_group_size, engine_config.wint8_prefill_activations)
         self.ops = self.plan.opset(self.block_size)
         self.platform.configure_kernels(self.plan, self.threads)
         self.model = (make_model or build_model)(model_config, self.ops, self.plan.dtype)

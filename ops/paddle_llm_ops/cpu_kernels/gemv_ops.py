@@ -73,10 +73,11 @@ def gemv_w8a8(x: paddle.Tensor, q: paddle.Tensor, scale: paddle.Tensor, bias: pa
 
 
 def linear_w8a8(x: paddle.Tensor, q: paddle.Tensor, scale: paddle.Tensor, bias: paddle.Tensor | None = None,
-                isa: str = "generic", group: int = 0) -> paddle.Tensor:
-    """`gemv_w8a8` for B <= GEMV_INT8_MAX_BATCH; above, x @ dequantize_int8(q, scale)^T with
-    paddle.matmul on fp32 activations (as linear_int8: prefill keeps fp32 activations)."""
-    if x.shape[0] <= GEMV_INT8_MAX_BATCH:
+                isa: str = "generic", group: int = 0, int8_prefill: bool = False) -> paddle.Tensor:
+    """`gemv_w8a8` for B <= GEMV_INT8_MAX_BATCH, and for every B with int8_prefill on avx512_vnni (its
+    int8 GEMM); otherwise x @ dequantize_int8(q, scale)^T with paddle.matmul on fp32 activations (as
+    linear_int8: prefill keeps fp32 activations)."""
+    if x.shape[0] <= GEMV_INT8_MAX_BATCH or (int8_prefill and _resolve(isa) == "avx512_vnni"):
         return gemv_w8a8(x, q, scale, bias, isa, group)
     y = paddle.matmul(x, dequantize_int8(q, scale), transpose_y=True)
     return y if bias is None else y + bias
