@@ -150,6 +150,21 @@ def test_stack_bit_identical_to_op_by_op(checkpoints, isa, family, quantization)
 
 
 @pytest.mark.parametrize("isa", ISA_PARAMS)
+@pytest.mark.parametrize("quantization", ["", "wint8"])
+def test_stack_bit_identical_to_op_by_op_at_gemm_batches(checkpoints, isa, quantization):
+    """24 sequences: past GEMV_MAX_BATCH (fp32: the AVX-512 fp32 GEMM on avx512_vnni, MKL's sgemm
+    elsewhere) and past W8A8_GEMM_MIN_ROWS (wint8: the int8 GEMM on avx512_vnni): the stack picks
+    the kernel the op-by-op linears pick for the same row count."""
+    model = load(checkpoints["llama_untied"], isa, quantization)
+    out, ref, kv, kv_ref = run_both(model, [3 + 5 * i for i in range(24)], seed=5, num_blocks=160)
+    assert out.shape[0] == 24 and np.isfinite(ref).all() and np.abs(ref).max() > 0.1
+    np.testing.assert_array_equal(out, ref)
+    for (k, v), (k_ref, v_ref) in zip(kv, kv_ref):
+        np.testing.assert_array_equal(k.numpy(), k_ref.numpy())
+        np.testing.assert_array_equal(v.numpy(), v_ref.numpy())
+
+
+@pytest.mark.parametrize("isa", ISA_PARAMS)
 @pytest.mark.parametrize("kv_dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("family,quantization", [("llama_untied", ""), ("qwen3", "wint8")])
 def test_stack_bit_identical_to_op_by_op_over_a_16bit_cache(checkpoints, isa, kv_dtype, family, quantization):

@@ -99,8 +99,8 @@ def test_an_isa_this_cpu_lacks_is_refused_by_name():
 
 def test_avx2_code_only_in_avx2_functions():
     """Every function of the library that contains a VEX (or EVEX) instruction is one of the
-    target-attribute functions (AVX2, or AVX-512 VNNI: names with "vnni"): the generic path and the
-    op glue run on any x86-64."""
+    target-attribute functions (AVX2, or AVX-512: names with "vnni" or "avx512"): the generic path
+    and the op glue run on any x86-64."""
     import shutil
     import subprocess
 
@@ -117,7 +117,7 @@ def test_avx2_code_only_in_avx2_functions():
             if len(parts) > 1 and parts[1].startswith("v"):
                 vex_functions.add(fn)
     assert vex_functions, "no AVX2 code found at all"
-    simd = ("avx2", "vnni")
+    simd = ("avx2", "vnni", "avx512")
     assert all(any(m in f for m in simd) for f in vex_functions), \
         sorted(f for f in vex_functions if not any(m in f for m in simd))
 
@@ -157,7 +157,30 @@ def test_gemv_threads_do_not_change_results(isa):
     assert np.array_equal(one, two)
 
 
-@pytest.mark.parametrize("b", [1, ck.GEMV_MAX_BATCH, ck.GEMV_MAX_BATCH + 1, 300])
+@pytest.mark.skipif(not HOST_VNNI, reason="the fp32 GEMM is AVX-512 code; this CPU lacks it")
+@pytest.mark.parametrize("b,n,k", [(1, 5, 3), (6, 32, 16), (7, 33, 17), (17, 960, 576), (64, 576, 1536), (23, 100, 40)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_gemm_f32_against_float64(b, n, k, with_bias):
+    """The fp32 GEMM's tails (rows of a 6-row tile, a 32-channel panel, 16 input channels) within fp32
+    rounding of a float64 product (one fused multiply-add chain per output: |err| <= K eps sum|x w|)."""
+    rng = np.random.default_rng(b * 31 + n + k)
+    x = rng.standard_normal((b, k)).astype(np.float32)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32) if with_bias else None
+    got = ck.gemm_f32(t(x), t(w), None if bias is None else t(bias)).numpy()
+    ref = x.astype(np.float64) @ w.T.astype(np.float64) + (0 if bias is None else bias)
+    bound = (k + 1) * np.finfo(np.float32).eps * (np.abs(x) @ np.abs(w).T + (0 if bias is None else np.abs(bias)))
+    assert got.shape == (b, n) and np.all(np.abs(got - ref) <= bound)
+    if ck.GEMV_MAX_BATCH < b <= ck.F32_GEMM_MAX_ROWS:  # what `linear` runs at this row count here
+        assert np.array_equal(ck.linear(t(x), t(w), None if bias is None else t(bias), "avx512_vnni").numpy(), got)
+
+
+def test_gemm_f32_refuses_other_isas():
+    with pytest.raises(ValueError, match="isa must be avx512_vnni"):
+        ck.gemm_f32(t(np.ones((2, 8), np.float32)), t(np.ones((3, 8), np.float32)), isa="generic")
+
+
+@pytest.mark.parametrize("b", [1, ck.GEMV_MAX_BATCH, ck.GEMV_MAX_BATCH + 1, ck.F32_GEMM_MAX_ROWS + 1, 300])
 def test_linear_any_batch(b):
     rng = np.random.default_rng(b)
     x = t(rng.standard_normal((b, 96)).astype(np.float32))

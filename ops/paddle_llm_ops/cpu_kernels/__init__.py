@@ -72,6 +72,11 @@ W8A8_GROUP = 32
 # --only crossover): on the AVX-512 Xeon this was written on, MKL's AVX-512 kernels overtake our
 # AVX2 GEMV between 8 and 24 rows (cold weights).
 GEMV_MAX_BATCH = 16
+# On avx512_vnni `linear` (and the decode stack) run the fp32 GEMM (csrc/gemm_f32.cc: weights repacked
+# per call, 16 output channels per register) for GEMV_MAX_BATCH + 1 .. F32_GEMM_MAX_ROWS rows instead
+# of MKL: 1.7-1.9x faster than MKL at 32-64 rows on SmolLM2's shapes (benchmarks/bench_int8_batch.py);
+# MKL keeps longer batches. kGemvMaxBatch / kF32GemmMaxRows in csrc/kernels.h hold the same numbers.
+F32_GEMM_MAX_ROWS = 64
 # int8: above this batch the weight is dequantized to a temporary fp32 [N, K] and multiplied by
 # paddle.matmul (the temporary lives for one call only; the model keeps the int8 copy alone).
 # Dequantizing costs a full pass over the weight, so our int8 GEMV stays ahead much longer.
@@ -165,6 +170,12 @@ def set_w8a8_gemm_min_rows(rows: int) -> None:
     _cdll.plk_set_w8a8_gemm_min_rows(ctypes.c_int64(int(rows)))
 
 
+def fp32_gemv_max_batch(isa: str) -> int:
+    """The most rows `linear` hands to our fp32 kernels on `isa` before MKL: F32_GEMM_MAX_ROWS on
+    avx512_vnni (the fp32 GEMM above GEMV_MAX_BATCH), else GEMV_MAX_BATCH."""
+    return F32_GEMM_MAX_ROWS if _resolve(isa) == "avx512_vnni" else GEMV_MAX_BATCH
+
+
 def set_num_threads(n: int) -> None:
     """Threads the kernels may use (n >= 1); n <= 0 restores the default (CPUs in the affinity mask)."""
     load()
@@ -192,7 +203,7 @@ def _resolve(isa: str) -> str:
 
 
 # The ops, by job (after the loader and the constants above, which they import).
-from paddle_llm_ops.cpu_kernels.gemv_ops import (dequantize_int4, dequantize_int8, gemv, gemv_int4,  # noqa: E402
+from paddle_llm_ops.cpu_kernels.gemv_ops import (dequantize_int4, dequantize_int8, gemm_f32, gemv, gemv_int4,  # noqa: E402
                                                  gemv_int8, gemv_w4a8, gemv_w8a8, int8_dot_groups, linear,
                                                  linear_int4, linear_int8, linear_w4a8, linear_w8a8)
 from paddle_llm_ops.cpu_kernels.layer_ops import (add_rms_norm, paged_decode_attention, paged_prefill_attention, rms_norm,  # noqa: E402
@@ -201,9 +212,9 @@ from paddle_llm_ops.cpu_kernels.quantize import (quantize_activations_int8, quan
                                                  quantize_int4_numpy, quantize_int8, quantize_int8_numpy)
 
 __all__ = [
-    "GEMV_INT4_MAX_BATCH", "GEMV_INT8_MAX_BATCH", "GEMV_MAX_BATCH", "ISAS", "KernelsNotBuiltError", "W4A8_ISAS",
+    "F32_GEMM_MAX_ROWS", "GEMV_INT4_MAX_BATCH", "GEMV_INT8_MAX_BATCH", "GEMV_MAX_BATCH", "ISAS", "KernelsNotBuiltError", "W4A8_ISAS",
     "W8A8_GROUP", "W8A8_ISAS", "add_rms_norm", "available", "c_library", "cpu_supports_avx2_fma", "cpu_supports_avx512_vnni",
-    "dequantize_int4", "dequantize_int8", "gemv", "gemv_int4", "gemv_int8", "gemv_w4a8", "gemv_w8a8",
+    "dequantize_int4", "dequantize_int8", "fp32_gemv_max_batch", "gemm_f32", "gemv", "gemv_int4", "gemv_int8", "gemv_w4a8", "gemv_w8a8",
     "get_num_threads",
     "int8_dot_groups", "library_path", "linear", "linear_int4", "linear_int8", "linear_w4a8", "linear_w8a8",
     "load",

@@ -13,8 +13,8 @@ states and KV cache of a decode-only step are bit-identical to it (tests/unit/te
 It covers dense decoders on the C++ CPU kernels in fp32: layers of [add +] RMSNorm, fused qkv
 (biases optional), optional per-head q/k norms, rotary + paged KV write, paged decode attention,
 o, RMSNorm, fused gate_up, SwiGLU, down; linears all of one declared kind (paddle_llm_ops.linear):
-"fp32" (the GEMV up to GEMV_MAX_BATCH rows, then MKL's cblas_sgemm as paddle.matmul, up to
-FP32_SGEMM_MAX_BATCH), "int8" or "w8a8" (<= GEMV_INT8_MAX_BATCH) or "int4" / "w4a8" (<= GEMV_INT4_MAX_BATCH). Steps with long
+"fp32" (the GEMV up to GEMV_MAX_BATCH rows, on avx512_vnni the fp32 GEMM up to F32_GEMM_MAX_ROWS as
+cpu_kernels.linear does, then MKL's cblas_sgemm as paddle.matmul, up to FP32_SGEMM_MAX_BATCH), "int8" or "w8a8" (<= GEMV_INT8_MAX_BATCH) or "int4" / "w4a8" (<= GEMV_INT4_MAX_BATCH). Steps with long
 prompt chunks, larger batches, mixture-of-experts or tensor-parallel models keep the op-by-op path
 (the model decides; `build` returns None with the reason for linears it cannot take).
 """

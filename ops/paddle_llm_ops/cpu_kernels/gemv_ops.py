@@ -17,18 +17,33 @@ def gemv(x: paddle.Tensor, w: paddle.Tensor, bias: paddle.Tensor | None = None,
     layout of a tied embedding); bias: [N] fp32 or None. Returns [B, N] fp32. Any B works; it is
     fastest for decode batches (B <= GEMV_MAX_BATCH; see `linear`). Summation order per output:
     8 lanes over k mod 8, then a fixed lane tree (csrc/gemv.cc), identical on both isas except that
-    avx2_fma fuses multiply-add. Raises ValueError on wrong dtypes/shapes/places."""
+    avx2_fma fuses multiply-add; on avx512_vnni from F32_GEMM_MIN_ROWS rows the fp32 GEMM sums each
+    output in one fused multiply-add chain over k ascending (csrc/gemm_f32.cc). Raises ValueError on
+    wrong dtypes/shapes/places."""
     return _run("plk_gemv", x, w, bias, _resolve(isa))[0]
 
 
 def linear(x: paddle.Tensor, w: paddle.Tensor, bias: paddle.Tensor | None = None,
            isa: str = "generic") -> paddle.Tensor:
-    """x [B, K] @ w [N, K]^T (+ bias [N]) -> [B, N]: `gemv` for B <= GEMV_MAX_BATCH, else
+    """x [B, K] @ w [N, K]^T (+ bias [N]) -> [B, N]: `gemv` for B <= GEMV_MAX_BATCH, `gemm_f32` up to
+    fp32_gemv_max_batch(isa) rows on avx512_vnni (the decode stack picks the same per row count), else
     paddle.matmul(x, w, transpose_y=True) on the same weight (no second copy)."""
+    from paddle_llm_ops.cpu_kernels import fp32_gemv_max_batch
+
     if x.shape[0] <= GEMV_MAX_BATCH:
         return gemv(x, w, bias, isa)
+    if x.shape[0] <= fp32_gemv_max_batch(isa):
+        return gemm_f32(x, w, bias, isa)
     y = paddle.matmul(x, w, transpose_y=True)
     return y if bias is None else y + bias
+
+
+def gemm_f32(x: paddle.Tensor, w: paddle.Tensor, bias: paddle.Tensor | None = None,
+             isa: str = "avx512_vnni") -> paddle.Tensor:
+    """y = x @ w^T (+ bias) by the AVX-512 fp32 GEMM (csrc/gemm_f32.cc; isa "avx512_vnni" only, else
+    ValueError): w [N, K] repacked per call in panels of 32 rows, each output one fused multiply-add
+    chain over k ascending, then + bias. x [B, K], w [N, K], bias [N] or None, fp32. Returns [B, N]."""
+    return _run("plk_gemm_f32", x, w, bias, _resolve(isa))[0]
 
 
 def gemv_int8(x: paddle.Tensor, q: paddle.Tensor, scale: paddle.Tensor, bias: paddle.Tensor | None = None,

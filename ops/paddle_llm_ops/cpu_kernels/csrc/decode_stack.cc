@@ -28,7 +28,9 @@ void run_linear(Isa isa, const PlkLinear& l, const float* x, float* y, int64_t B
                 const PlkDecodeStack& a) {
   switch (l.kind) {
     case kLinearF32:
-      if (a.sgemm && B > a.gemv_max_batch) {  // as paddle.matmul(x, w, transpose_y=True) (+ bias)
+      if (f32_gemm_rows(isa, B)) {  // as cpu_kernels.linear on this isa
+        gemm_f32_avx512(x, static_cast<const float*>(l.w), l.bias, y, B, l.N, l.K);
+      } else if (a.sgemm && B > a.gemv_max_batch) {  // as paddle.matmul(x, w, transpose_y=True) (+ bias)
         reinterpret_cast<SgemmFn>(const_cast<void*>(a.sgemm))(
             101, 111, 112, static_cast<int>(B), static_cast<int>(l.N), static_cast<int>(l.K), 1.0f, x,
             static_cast<int>(l.K), static_cast<const float*>(l.w), static_cast<int>(l.K), 0.0f, y, static_cast<int>(l.N));

@@ -30,6 +30,15 @@ void quantize_activations_int8(const float* x, int8_t* xq, float* xs, int64_t B,
 void quantize_int8_rows(const float* w, int8_t* q, float* scale, int64_t N, int64_t K);
 // fp32 tiles over nr rows w [nr, K] on the calling thread; y [B, ldy] and bias already offset to
 // the block's first output column.
+// The fp32 GEMM (gemm_f32.cc, AVX-512: the avx512_vnni path only): y [B, N] = x [B, K] . w [N, K]^T
+// (+ bias). fp32 linears of more than kGemvMaxBatch and at most kF32GemmMaxRows rows run it on that
+// path, in the decode stack and in cpu_kernels.linear alike (f32_gemm_rows).
+constexpr int64_t kGemvMaxBatch = 16;     // cpu_kernels.GEMV_MAX_BATCH
+constexpr int64_t kF32GemmMaxRows = 64;   // cpu_kernels.F32_GEMM_MAX_ROWS
+inline bool f32_gemm_rows(Isa isa, int64_t B) {
+  return isa == Isa::kAvx512Vnni && B > kGemvMaxBatch && B <= kF32GemmMaxRows;
+}
+void gemm_f32_avx512(const float* x, const float* w, const float* bias, float* y, int64_t B, int64_t N, int64_t K);
 void gemv_f32_block(Isa isa, const float* x, const float* w, const float* bias, float* y, int64_t B, int64_t ldy,
                     int64_t K, int64_t nr);
 // y [B, N] = x [B, K] . w'^T (+ bias [N]) with w'[n, k] = int4 q[n, k] * scale[n, k / (K / groups)];

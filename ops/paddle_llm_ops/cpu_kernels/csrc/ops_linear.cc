@@ -24,6 +24,20 @@ std::vector<Tensor> Gemv(const Tensor& x, const Tensor& w, const paddle::optiona
   return {y};
 }
 
+std::vector<Tensor> GemmF32(const Tensor& x, const Tensor& w, const paddle::optional<Tensor>& bias,
+                            const std::string& isa) {
+  plk::Isa i = parse_isa(isa);
+  PD_CHECK(i == plk::Isa::kAvx512Vnni, "the fp32 GEMM is AVX-512 code: isa must be avx512_vnni, got '", isa, "'");
+  check_tensor(x, "x", DataType::FLOAT32, 2);
+  check_tensor(w, "w", DataType::FLOAT32, 2);
+  const int64_t B = x.shape()[0], K = x.shape()[1], N = w.shape()[0];
+  PD_CHECK(w.shape()[1] == K, "w must be [N, K] with K = x.shape[1] = ", K, ", got [", N, ", ", w.shape()[1], "]");
+  const float* b = optional_vector(bias, "bias", N);
+  Tensor y = paddle::empty({B, N}, DataType::FLOAT32, paddle::CPUPlace());
+  plk::gemm_f32_avx512(x.data<float>(), w.data<float>(), b, y.data<float>(), B, N, K);
+  return {y};
+}
+
 std::vector<Tensor> GemvInt8(const Tensor& x, const Tensor& q, const Tensor& scale,
                              const paddle::optional<Tensor>& bias, const std::string& isa) {
   plk::Isa i = parse_isa(isa);
@@ -194,6 +208,14 @@ PD_BUILD_OP(plk_gemv)
     .Outputs({"Y"})
     .Attrs({"isa: std::string"})
     .SetKernelFn(PD_KERNEL(Gemv))
+    .SetInferShapeFn(PD_INFER_SHAPE(GemvShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(GemvDtype));
+
+PD_BUILD_OP(plk_gemm_f32)
+    .Inputs({"X", "W", paddle::Optional("Bias")})
+    .Outputs({"Y"})
+    .Attrs({"isa: std::string"})
+    .SetKernelFn(PD_KERNEL(GemmF32))
     .SetInferShapeFn(PD_INFER_SHAPE(GemvShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(GemvDtype));
 
