@@ -205,11 +205,13 @@ def load_composed(model_dir: str):
 
 
 def test_fp32_batches_above_the_gemv_limit_run_mkl_sgemm_bit_identical(checkpoints):
-    # above GEMV_MAX_BATCH rows the op-by-op path calls paddle.matmul; the stack calls the same MKL
-    # cblas_sgemm directly (a batch of 32 streams stays on the stack)
-    model = load(checkpoints["qwen2"], ck.supported_isas()[0])  # fp32, with q/k/v biases
-    assert model.decode_stack.max_batch > 32, "cblas_sgemm not found in the paddle wheel"
-    out, ref, kv, kv_ref = run_both(model, [5 + 3 * i for i in range(ck.GEMV_MAX_BATCH + 17)], num_blocks=160)
+    # above fp32_gemv_max_batch rows (16; 64 on avx512_vnni, where the fp32 GEMM takes 17-64) the
+    # op-by-op path calls paddle.matmul; the stack calls the same MKL cblas_sgemm directly
+    isa = ck.supported_isas()[0]
+    model = load(checkpoints["qwen2"], isa)  # fp32, with q/k/v biases
+    rows = ck.fp32_gemv_max_batch(isa) + 1
+    assert model.decode_stack.max_batch >= rows, "cblas_sgemm not found in the paddle wheel"
+    out, ref, kv, kv_ref = run_both(model, [5 + 2 * i for i in range(rows)], num_blocks=320)
     np.testing.assert_array_equal(out, ref)
     np.testing.assert_array_equal(kv[-1][0].numpy(), kv_ref[-1][0].numpy())
 
@@ -254,7 +256,7 @@ def test_stack_refuses_out_of_range_indices_and_writes_nothing(checkpoints, fiel
 def test_a_step_with_a_short_prompt_chunk_runs_on_the_stack(checkpoints, quantization):
     # Per-row block tables (worker/inputs.py gives them to steps with few prompt rows): each prompt row
     # is a query over its own context through the paged decode attention. Against the op-by-op path
-    # (batched prefill attention over gathered slots): the same up to fp32 summation order.
+    # (the fused prefill attention over the chunk's slots): the same up to fp32 summation order.
     from paddle_llm_engine.models.attention_metadata import PrefillChunk
 
     model = load(checkpoints["qwen3"], ck.supported_isas()[0], quantization)

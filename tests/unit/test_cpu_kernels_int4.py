@@ -137,11 +137,14 @@ needs_vnni = pytest.mark.skipif(not HOST_VNNI, reason="gemv_w4a8 runs on AVX-512
 
 @needs_vnni
 @pytest.mark.parametrize("b, n, k, group", [(1, 960, 576, 64), (3, 37, 1536, 64), (5, 21, 576, 576),
-                                            (8, 64, 96, 32), (2, 24, 160, 32), (64, 9, 128, 128)])
+                                            (8, 64, 96, 32), (2, 24, 160, 32), (64, 9, 128, 128),
+                                            (17, 33, 96, 32), (23, 70, 576, 64)])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_gemv_w4a8_against_the_exact_integer_reference(b, n, k, group, with_bias):
     """Odd output counts (tiles of 4 and single rows), K not a multiple of 128 (a half vector step),
-    per-channel and per-32 groups, batches across the 3-row tiles, up to the batch limit."""
+    per-channel and per-32 groups, batches across the 3-row tiles, up to the batch limit; from 16
+    rows the int8 GEMM's panels (int4 unpacked per call; tails of its 6-row tiles and 32-channel
+    panels)."""
     rng = np.random.default_rng(b * 1000 + k)
     x = rng.standard_normal((b, k)).astype(np.float32)
     x[0, :32] = 0.0  # an all-zero activation block: scale 0, contributes nothing

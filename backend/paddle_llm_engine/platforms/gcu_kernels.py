@@ -26,7 +26,7 @@ FUSED_MOE_OPS = ("topk_softmax_gcu", "moe_align_block_size_gcu", "fused_moe_kern
 GCU_KERNEL_OPS = {"gcu_attention": GCU_ATTENTION_OPS, "gcu_rotary": GCU_ROTARY_OPS,
                   "gcu_rms_norm": GCU_RMS_NORM_OPS, "fused_moe": FUSED_MOE_OPS}
 # Every custom op whose signature gather_facts reads on a GCU place (linear_quant_gcu: quantization
-# wint8 / wint4, decided by plan._decide_quantization).
+# wint8 / wint4, decided by plan_quantization.decide_quantization).
 SIGNATURE_OPS = tuple(op for ops in GCU_KERNEL_OPS.values() for op in ops) + ("linear_quant_gcu",)
 
 

@@ -17,9 +17,8 @@ def gemv(x: paddle.Tensor, w: paddle.Tensor, bias: paddle.Tensor | None = None,
     layout of a tied embedding); bias: [N] fp32 or None. Returns [B, N] fp32. Any B works; it is
     fastest for decode batches (B <= GEMV_MAX_BATCH; see `linear`). Summation order per output:
     8 lanes over k mod 8, then a fixed lane tree (csrc/gemv.cc), identical on both isas except that
-    avx2_fma fuses multiply-add; on avx512_vnni from F32_GEMM_MIN_ROWS rows the fp32 GEMM sums each
-    output in one fused multiply-add chain over k ascending (csrc/gemm_f32.cc). Raises ValueError on
-    wrong dtypes/shapes/places."""
+    avx2_fma fuses multiply-add, at every B (`linear` hands 17-64 rows to `gemm_f32` on avx512_vnni
+    instead). Raises ValueError on wrong dtypes/shapes/places."""
     return _run("plk_gemv", x, w, bias, _resolve(isa))[0]
 
 

@@ -40,24 +40,66 @@ constexpr int kMR = 6;   // activation rows per micro-tile: 12 int32 + 12 fp32 a
 struct Panels {
   std::vector<int8_t> w;
   std::vector<int32_t> off;
+  std::vector<float> ws;     // int4: the weight scale of each (panel, activation group, channel)
+  std::vector<int8_t> rows;  // int4: one panel's rows unpacked to int8
 };
 
 // Packs the panels of [n0, n1): each 4-byte unit k / 4 of 16 weight rows is one gather (the rows are
 // K bytes apart), the last unit of a row whose K is not a multiple of 4 byte by byte; the offsets
 // are one vpdpbusd of ones per unit.
+// int4 rows -> int8 rows: out [rows][K] from q4 rows of K / 2 bytes (low nibble = even k), each
+// nibble sign-extended ((v ^ 8) - 8); 32 bytes per step, pairs interleaved back into k order.
+PLK_VNNI void unpack_int4_rows_vnni(const uint8_t* q4, int64_t rows, int64_t K, int8_t* out) {
+  const int64_t H = K / 2;
+  const __m256i m4 = _mm256_set1_epi8(0x0F), s8 = _mm256_set1_epi8(8);
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* src = q4 + r * H;
+    int8_t* dst = out + r * K;
+    int64_t j = 0;
+    for (; j + 32 <= H; j += 32) {
+      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + j));
+      const __m256i lo = _mm256_sub_epi8(_mm256_xor_si256(_mm256_and_si256(b, m4), s8), s8);
+      const __m256i hi = _mm256_sub_epi8(_mm256_xor_si256(_mm256_and_si256(_mm256_srli_epi16(b, 4), m4), s8), s8);
+      const __m256i u0 = _mm256_unpacklo_epi8(lo, hi), u1 = _mm256_unpackhi_epi8(lo, hi);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 2 * j), _mm256_permute2x128_si256(u0, u1, 0x20));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 2 * j + 32), _mm256_permute2x128_si256(u0, u1, 0x31));
+    }
+    for (; j < H; ++j) {
+      dst[2 * j] = static_cast<int8_t>(((src[j] & 0x0F) ^ 8) - 8);
+      dst[2 * j + 1] = static_cast<int8_t>(((src[j] >> 4) ^ 8) - 8);
+    }
+  }
+}
+
+// Packs the panels of [n0, n1): each 4-byte unit k / 4 of 16 weight rows is one gather (the rows are
+// K bytes apart), the last unit of a row whose K is not a multiple of 4 byte by byte; the offsets
+// are one vpdpbusd of ones per unit. int4 weights are first unpacked to int8 rows (32 at a time);
+// their per-group scales are laid out per panel as pws[(i * groups + g) * 32 + j].
 PLK_VNNI void pack_panels_vnni(const W8A8Ctx& c, int64_t n0, int64_t n1, Panels& p) {
   const int64_t kg = c.groups * c.G, units = kg / 4, full = c.K / 4, np = (n1 - n0 + kNR - 1) / kNR;
   p.w.resize(np * kg * kNR);
   p.off.resize(np * c.groups * kNR);
+  if (c.q4) {
+    p.ws.assign(np * c.groups * kNR, 0.f);
+    p.rows.resize(kNR * c.K);
+  }
   const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                          _mm512_set1_epi32(static_cast<int32_t>(c.K)));
   const __m512i ones = _mm512_set1_epi8(1);
   for (int64_t i = 0; i < np; ++i) {
     int8_t* w = p.w.data() + i * kg * kNR;
+    const int64_t p0 = n0 + i * kNR, prows = std::min<int64_t>(kNR, c.N - p0);
+    const int8_t* src = c.q4 ? p.rows.data() : c.q + p0 * c.K;  // the panel's first weight row
+    if (c.q4) {
+      unpack_int4_rows_vnni(c.q4 + p0 * (c.K / 2), prows, c.K, p.rows.data());
+      const int64_t gw = c.K / c.wgroups;
+      for (int64_t j = 0; j < prows; ++j)
+        for (int64_t g = 0; g < c.groups; ++g) p.ws[(i * c.groups + g) * kNR + j] = c.ws[(p0 + j) * c.wgroups + g * c.G / gw];
+    }
     for (int h = 0; h < 2; ++h) {
-      const int64_t r0 = n0 + i * kNR + 16 * h, rows = std::max<int64_t>(0, std::min<int64_t>(16, c.N - r0));
+      const int64_t rows = std::max<int64_t>(0, std::min<int64_t>(16, prows - 16 * h));
       const __mmask16 mk = rows >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << rows) - 1);
-      const int8_t* base = c.q + (rows > 0 ? r0 : 0) * c.K;
+      const int8_t* base = src + (rows > 0 ? 16 * h : 0) * c.K;
       int32_t* out = reinterpret_cast<int32_t*>(w) + 16 * h;
       for (int64_t u = 0; u < full; ++u)
         _mm512_storeu_si512(out + u * kNR,
@@ -86,7 +128,8 @@ PLK_VNNI void pack_panels_vnni(const W8A8Ctx& c, int64_t n0, int64_t n1, Panels&
 
 // Rows b0 .. b0 + MR - 1 against one packed panel: v[m][0..31] as defined above.
 template <int MR>
-PLK_VNNI inline void micro_vnni(const W8A8Ctx& c, const int8_t* pw, const int32_t* poff, int64_t b0, __m512 (&v)[kMR][2]) {
+PLK_VNNI inline void micro_vnni(const W8A8Ctx& c, const int8_t* pw, const int32_t* poff, const float* pws, int64_t b0,
+                                __m512 (&v)[kMR][2]) {
   for (int m = 0; m < MR; ++m) v[m][0] = v[m][1] = _mm512_setzero_ps();
   const int64_t steps = c.G / 4;  // vpdpbusd steps per group
   for (int64_t g = 0; g < c.groups; ++g) {
@@ -108,6 +151,15 @@ PLK_VNNI inline void micro_vnni(const W8A8Ctx& c, const int8_t* pw, const int32_
         a[m][1] = _mm512_dpbusd_epi32(a[m][1], xb, w1);
       }
     }
+    if (pws) {  // int4: v + (xs * ws) * float(acc), the weight scale per channel and group
+      const __m512 w0s = _mm512_loadu_ps(pws + g * kNR), w1s = _mm512_loadu_ps(pws + g * kNR + 16);
+      for (int m = 0; m < MR; ++m) {
+        const __m512 s = _mm512_set1_ps(c.xs[(b0 + m) * c.groups + g]);
+        v[m][0] = _mm512_add_ps(v[m][0], _mm512_mul_ps(_mm512_mul_ps(s, w0s), _mm512_cvtepi32_ps(a[m][0])));
+        v[m][1] = _mm512_add_ps(v[m][1], _mm512_mul_ps(_mm512_mul_ps(s, w1s), _mm512_cvtepi32_ps(a[m][1])));
+      }
+      continue;
+    }
     for (int m = 0; m < MR; ++m) {  // v + xs * float(acc): the exact path's two roundings
       const __m512 s = _mm512_set1_ps(c.xs[(b0 + m) * c.groups + g]);
       v[m][0] = _mm512_add_ps(v[m][0], _mm512_mul_ps(s, _mm512_cvtepi32_ps(a[m][0])));
@@ -117,18 +169,19 @@ PLK_VNNI inline void micro_vnni(const W8A8Ctx& c, const int8_t* pw, const int32_
 }
 
 template <int MR>
-PLK_VNNI inline void tile_vnni(const W8A8Ctx& c, const int8_t* pw, const int32_t* poff, int64_t n0, int64_t b0) {
+PLK_VNNI inline void tile_vnni(const W8A8Ctx& c, const int8_t* pw, const int32_t* poff, const float* pws, int64_t n0,
+                               int64_t b0) {
   __m512 v[kMR][2];
-  micro_vnni<MR>(c, pw, poff, b0, v);
+  micro_vnni<MR>(c, pw, poff, pws, b0, v);
   const int64_t nr = std::min<int64_t>(kNR, c.N - n0);
   for (int h = 0; h < 2; ++h) {
     const int64_t cols = std::min<int64_t>(16, nr - 16 * h);
     if (cols <= 0) break;
     const __mmask16 mk = cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
-    const __m512 sc = _mm512_maskz_loadu_ps(mk, c.scale + n0 + 16 * h);
+    const __m512 sc = c.scale ? _mm512_maskz_loadu_ps(mk, c.scale + n0 + 16 * h) : _mm512_setzero_ps();
     const __m512 bi = c.bias ? _mm512_maskz_loadu_ps(mk, c.bias + n0 + 16 * h) : _mm512_setzero_ps();
     for (int m = 0; m < MR; ++m) {
-      __m512 o = _mm512_mul_ps(v[m][h], sc);
+      __m512 o = c.scale ? _mm512_mul_ps(v[m][h], sc) : v[m][h];  // int4: scaled per group already
       if (c.bias) o = _mm512_add_ps(o, bi);
       _mm512_mask_storeu_ps(c.y + (b0 + m) * c.N + n0 + 16 * h, mk, o);
     }
@@ -149,14 +202,15 @@ PLK_VNNI void panels_vnni(void* ctx, int64_t n0, int64_t n1) {
     for (int64_t n = n0, i = 0; n < n1; n += kNR, ++i) {
       const int8_t* pw = p.w.data() + i * kg * kNR;
       const int32_t* poff = p.off.data() + i * c.groups * kNR;
+      const float* pws = c.q4 ? p.ws.data() + i * c.groups * kNR : nullptr;
       int64_t b = m0;
-      for (; b + kMR <= m1; b += kMR) tile_vnni<kMR>(c, pw, poff, n, b);
+      for (; b + kMR <= m1; b += kMR) tile_vnni<kMR>(c, pw, poff, pws, n, b);
       switch (m1 - b) {
-        case 5: tile_vnni<5>(c, pw, poff, n, b); break;
-        case 4: tile_vnni<4>(c, pw, poff, n, b); break;
-        case 3: tile_vnni<3>(c, pw, poff, n, b); break;
-        case 2: tile_vnni<2>(c, pw, poff, n, b); break;
-        case 1: tile_vnni<1>(c, pw, poff, n, b); break;
+        case 5: tile_vnni<5>(c, pw, poff, pws, n, b); break;
+        case 4: tile_vnni<4>(c, pw, poff, pws, n, b); break;
+        case 3: tile_vnni<3>(c, pw, poff, pws, n, b); break;
+        case 2: tile_vnni<2>(c, pw, poff, pws, n, b); break;
+        case 1: tile_vnni<1>(c, pw, poff, pws, n, b); break;
         default: break;
       }
     }
@@ -235,6 +289,33 @@ void quantize_activations_vnni(const float* x, int8_t* xq, uint8_t* xu, float* x
                                int64_t G) {
   QuantCtx q{x, xq, xu, xs, K, Kp, G, (K + G - 1) / G};
   parallel_ranges(B, 1, threads_for(B * K * 4, 256 * 1024), quant_rows_vnni, &q);
+}
+
+void w4a8_gemm_run(const float* x, const uint8_t* q, const float* ws, int64_t wgroups, const float* bias, float* y,
+                   int64_t B, int64_t N, int64_t K) {
+  thread_local std::vector<int8_t> xq;
+  thread_local std::vector<uint8_t> xu;
+  thread_local std::vector<float> xs;
+  W8A8Ctx c{};
+  c.B = B;
+  c.N = N;
+  c.K = K;
+  c.G = 32;  // activation blocks of 32 (gemv_w4a8.cc's scheme)
+  c.groups = K / 32;
+  c.Kp = (K + 63) / 64 * 64 + 64;
+  xq.resize(B * c.Kp);
+  xu.resize(B * c.Kp);
+  xs.resize(B * c.groups);
+  quantize_activations_vnni(x, xq.data(), xu.data(), xs.data(), B, K, c.Kp, c.G);
+  c.xq = xq.data();
+  c.xu = xu.data();
+  c.xs = xs.data();
+  c.q4 = q;
+  c.ws = ws;
+  c.wgroups = wgroups;
+  c.bias = bias;
+  c.y = y;
+  w8a8_gemm_run(c);
 }
 
 void set_w8a8_gemm_min_rows(int64_t rows) { g_min_rows = rows > 0 ? rows : kW8A8GemmMinRows; }

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "common.h"
+#include "gemv_w8a8.h"
 #include "kernels.h"
 
 namespace plk {
@@ -132,6 +133,9 @@ constexpr int64_t kBytesPerThread = 256 * 1024;
 void gemv_w4a8(Isa isa, const float* x, const uint8_t* q, const float* ws, int64_t groups, const float* bias,
                float* y, int64_t B, int64_t N, int64_t K) {
   (void)isa;  // only the VNNI path exists; the op refuses other isas
+  // From as many rows as the int8 GEMM takes: the same scheme on its panels (exact int32 sums per
+  // block of 32, then scaled: gemm_w8a8.cc), the weights unpacked to int8 per call.
+  if (B >= kW8A8GemmMinRows) return w4a8_gemm_run(x, q, ws, groups, bias, y, B, N, K);
   thread_local Buffers buf;
   W4A8Ctx c{};
   c.B = B;
