@@ -254,4 +254,4 @@ def test_an_urgent_request_preempts_the_running_one_and_outputs_do_not_change(li
     assert urgent.text == alone["urgent"].text
     assert decode_str(first, "text_output") + rest.text == alone["running"].text
     assert w.text == alone["waiting"].text
-    assert llm_value(scrape_metrics(murl), "llm_preemptions_total") >= before + 1
+    wait_for(murl, lambda m: llm_value(m, "llm_preemptions_total") >= before + 1, timeout=10)

@@ -20,6 +20,7 @@ import requests
 import tritonclient.grpc as grpcclient
 
 from clients import _tensor, decode_str, is_final, llm_stream, sampling_json, scrape_metrics
+from metrics_util import is_idle, wait_for
 from http_clients import http_generate, http_generate_stream
 from repo_edit import set_config_parameter
 
@@ -324,8 +325,9 @@ def test_n_2_answers_in_the_vllm_backend_form_and_counts_request_params_n(triton
                                                  "seed": 100, "n": 2, "exclude_input_in_output": True}}
     h = http_generate(triton_server.http_base, "llm", body)
     assert h.status == 200 and h.body["text_output"] == alone, h.body
-    after = scrape_metrics(murl)
     count = "vllm:request_params_n_count"
+    # the metrics thread records a request after its final response left: wait for all five (and idle)
+    after, _ = wait_for(murl, lambda m: m.value(count) - before.value(count) >= 5 and is_idle(m), timeout=10)
     assert after.value(count) - before.value(count) == 5  # 2 alone, 3 with n = 2
     assert after.value("vllm:request_params_n_sum") - before.value("vllm:request_params_n_sum") == 2 + 3 * 2
     assert after.value("vllm:request_params_n_bucket", le="1") - before.value(
