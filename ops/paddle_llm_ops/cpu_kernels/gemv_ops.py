@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import paddle
 
-from paddle_llm_ops.cpu_kernels import GEMV_INT4_MAX_BATCH, GEMV_INT8_MAX_BATCH, GEMV_MAX_BATCH, _resolve, _run
+from paddle_llm_ops.cpu_kernels import (GEMV_INT4_MAX_BATCH, GEMV_INT8_MAX_BATCH, GEMV_MAX_BATCH, _resolve, _run,
+                                        fp32_gemv_max_batch)
 
 
 def gemv(x: paddle.Tensor, w: paddle.Tensor, bias: paddle.Tensor | None = None,
@@ -27,8 +28,6 @@ def linear(x: paddle.Tensor, w: paddle.Tensor, bias: paddle.Tensor | None = None
     """x [B, K] @ w [N, K]^T (+ bias [N]) -> [B, N]: `gemv` for B <= GEMV_MAX_BATCH, `gemm_f32` up to
     fp32_gemv_max_batch(isa) rows on avx512_vnni (the decode stack picks the same per row count), else
     paddle.matmul(x, w, transpose_y=True) on the same weight (no second copy)."""
-    from paddle_llm_ops.cpu_kernels import fp32_gemv_max_batch
-
     if x.shape[0] <= GEMV_MAX_BATCH:
         return gemv(x, w, bias, isa)
     if x.shape[0] <= fp32_gemv_max_batch(isa):
